@@ -1,0 +1,3 @@
+from alignctl.cli import main
+
+main()

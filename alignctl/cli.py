@@ -1,0 +1,133 @@
+"""The ``alignctl`` command line: parse, load the config, call the library. No logic lives here.
+
+Every user mistake surfaces as a :class:`~alignctl.errors.UserError`; :func:`main` prints it as
+one line on stderr and exits with status 2 (``--debug`` shows the traceback instead).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from alignctl import __version__
+from alignctl.errors import UserError
+
+app = typer.Typer(
+    name="alignctl",
+    help="End-to-end alignment: preprocess -> sft -> train-rm -> ppo/grpo -> eval.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+_DEBUG_ENV = "ALIGNCTL_DEBUG"
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file of config overrides.")]
+OverridesArg = Annotated[Optional[list[str]], typer.Argument(help="Dotted overrides: key.sub=value ...")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"alignctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    if debug:
+        os.environ[_DEBUG_ENV] = "1"
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigOpt = None,
+    overrides: OverridesArg = None,
+    stage: Annotated[Optional[str], typer.Option(help="Stage schema (default: the file's 'stage' key).")] = None,
+    keys: Annotated[bool, typer.Option("--keys", help="List every key with type, default and help.")] = False,
+) -> None:
+    """Print the resolved config (defaults <- file <- overrides) as YAML."""
+    from alignctl.config import iter_keys, load_config, stage_schema, to_yaml
+    from alignctl.config.core import read_yaml_mapping
+
+    if stage is None and config is not None:
+        stage = read_yaml_mapping(config).get("stage")
+    if stage is None:
+        raise UserError("config show: name the stage with --stage, or put 'stage: NAME' in the config file")
+    schema = stage_schema(str(stage))
+    if keys:
+        for dotted, type_name, default, help_text in iter_keys(schema):
+            typer.echo(f"{dotted}  ({type_name}, default {default!r})  {help_text}")
+        return
+    typer.echo(to_yaml(load_config(schema, config, overrides or [])), nl=False)
+
+
+# ------------------------------------------------------------------------------ preprocess
+
+
+@app.command()
+def preprocess(
+    dataset: Annotated[str, typer.Argument(help="gsm8k | math | hh-rlhf | arith | custom")],
+    overrides: OverridesArg = None,
+    input: Annotated[Optional[str], typer.Option("--input", "-i", help="Local file or folder (or hub name for gsm8k).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder.")] = None,
+    test_fraction: Annotated[Optional[float], typer.Option(help="Held-out fraction for single-split sources.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for splits and synthetic data.")] = None,
+    skip_bad_rows: Annotated[Optional[bool], typer.Option("--skip-bad-rows", help="Skip malformed rows and report them.")] = None,
+    max_rows: Annotated[Optional[int], typer.Option(help="At most this many rows per split.")] = None,
+    map_fn: Annotated[Optional[str], typer.Option(help="custom: path/to/file.py:function.")] = None,
+    kind: Annotated[Optional[str], typer.Option(help="custom: rl | preference | sft.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Convert a dataset to verl-compatible parquet (prompt / preference / SFT rows)."""
+    from alignctl.config import load_config
+    from alignctl.config.preprocess import PreprocessConfig
+    from alignctl.data.preprocess import run_preprocess
+    from alignctl.console import print_preprocess_report
+
+    flags: dict[str, Any] = {"dataset": dataset, "input": input, "out": out, "test_fraction": test_fraction,
+                             "seed": seed, "skip_bad_rows": skip_bad_rows, "max_rows": max_rows,
+                             "map_fn": map_fn, "kind": kind}
+    cfg = load_config(PreprocessConfig, config, overrides or [], flags=flags)
+    report = run_preprocess(cfg, progress=_interactive())
+    print_preprocess_report(report)
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def _interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the app, turning user errors into one line and exit status 2."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get(_DEBUG_ENV))
+    try:
+        app(args=argv, standalone_mode=True)
+    except UserError as exc:
+        if debug:
+            raise
+        _fail(str(exc))
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        # OS errors that reach here are about a path the user gave; name it, no traceback.
+        if debug:
+            raise
+        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))

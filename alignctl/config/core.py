@@ -1,0 +1,296 @@
+"""Typed configuration: dataclass schemas + YAML overrides + dotted command-line overrides.
+
+The schemas (dataclasses) are the only home of defaults and help text. A YAML file holds
+overrides only; ``a.b.c=value`` on the command line overrides both, with the value parsed as a
+YAML scalar or list. Every mistake is a :class:`UserError` naming the key and where it came from:
+unknown keys (with the closest valid key suggested), wrong types, bad choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from alignctl.errors import UserError
+
+T = TypeVar("T")
+
+# Top-level keys any stage file may carry without being part of the stage's schema.
+META_KEYS = ("stage",)
+
+
+def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] | None = None,
+          default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with help text (shown by ``config show --help-keys`` and the docs)."""
+    metadata = {"help": help, "choices": choices}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(cls: type[T], *, help: str) -> Any:
+    """A nested config section (a dataclass whose defaults are its own)."""
+    return dataclasses.field(default_factory=cls, metadata={"help": help, "choices": None})
+
+
+# ---------------------------------------------------------------------------------- reading
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors name the file (and line for syntax)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: config file not found")
+    if path.is_dir():
+        raise UserError(f"{path}: expected a YAML file, got a folder")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}:{where} invalid YAML: {exc.problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of config keys at the top level, "
+                        f"got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise UserError(f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. trainer.total_epochs=2")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # an unparsable scalar is taken as a plain string; type checking follows
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[str]:
+    """Set each override into the nested ``data`` dict in place; returns the dotted keys set."""
+    keys = set()
+    for text in overrides:
+        path, value = parse_override(text)
+        _set_dotted(data, path, value, text)
+        keys.add(".".join(path))
+    return keys
+
+
+def _set_dotted(data: dict[str, Any], path: list[str], value: Any, text: str | None = None) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            prefix = ".".join(path[: i + 1])
+            raise UserError(f"override {text or '.'.join(path)!r}: key {prefix!r} is a value, not a section")
+        node = child
+    node[path[-1]] = value
+
+
+# ---------------------------------------------------------------------------------- building
+
+
+@dataclasses.dataclass
+class _Origin:
+    """Where values came from, to name it in errors."""
+
+    file: str | None
+    override_keys: set[str]
+
+    def of(self, dotted: str) -> str:
+        if dotted in self.override_keys:
+            return "command-line override"
+        return self.file or "config"
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, origin: _Origin) -> Any:
+    """Check ``value`` against the annotation ``tp``; allow only lossless conversions."""
+    bad = UserError(f"{origin.of(key)}: key {key!r} expected {_type_name(tp)}, got {value!r}")
+    kind = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if kind in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, origin)
+            except UserError:
+                continue
+        raise bad
+    if kind is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise bad
+    if kind in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, f"{key}[{i}]", origin) for i, v in enumerate(value)]
+    if kind is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. a numeric id
+        raise bad
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key, origin)
+    raise bad
+
+
+def _suggest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _build(cls: type[T], data: Any, prefix: str, origin: _Origin) -> T:
+    where = prefix or "top level"
+    if not isinstance(data, dict):
+        raise UserError(f"{origin.of(prefix)}: key {where!r} expected a section (mapping), got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs = {}
+    for name, value in data.items():
+        dotted = f"{prefix}.{name}" if prefix else str(name)
+        if name not in fields:
+            if not prefix and name in META_KEYS:
+                continue
+            valid = sorted(fields)
+            full_valid = [f"{prefix}.{v}" if prefix else v for v in valid]
+            raise UserError(f"{origin.of(dotted)}: unknown config key {dotted!r}"
+                            f"{_suggest(dotted, full_valid) or _suggest(str(name), valid)}")
+        kwargs[name] = _coerce(value, hints[name], dotted, origin)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # a required field without default
+        raise UserError(f"{origin.of(prefix)}: section {where!r}: {exc}") from None
+    _check_choices(obj, prefix, origin)
+    return obj
+
+
+def _check_choices(obj: Any, prefix: str, origin: _Origin) -> None:
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        value = getattr(obj, f.name)
+        if choices and value not in choices:
+            dotted = f"{prefix}.{f.name}" if prefix else f.name
+            raise UserError(f"{origin.of(dotted)}: key {dotted!r} expected one of "
+                            f"{', '.join(map(str, choices))}, got {value!r}")
+
+
+def build_config(cls: type[T], data: dict[str, Any], *, file: str | None = None,
+                 override_keys: set[str] | None = None) -> T:
+    """Build and validate a schema instance from a nested dict."""
+    obj = _build(cls, data, "", _Origin(file, override_keys or set()))
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                *, base: dict[str, Any] | None = None, flags: dict[str, Any] | None = None) -> T:
+    """Defaults of ``cls`` <- ``base`` dict <- YAML file at ``path`` <- command-line ``flags``
+    (already typed, dotted keys) <- dotted ``overrides`` (``a.b=value`` strings)."""
+    data: dict[str, Any] = merge_dicts({}, base or {})
+    if path is not None:
+        data = merge_dicts(data, read_yaml_mapping(path))
+    keys = set()
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            _set_dotted(data, dotted.split("."), value)
+            keys.add(dotted)
+    keys |= apply_overrides(data, list(overrides or []))
+    return build_config(cls, data, file=str(path) if path else None, override_keys=keys)
+
+
+def merge_dicts(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge ``other`` into a copy of ``into`` (sections merge, values replace)."""
+    out = dict(into)
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_dicts(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------- output
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A schema instance as plain nested dicts (what is written into artifacts)."""
+    return dataclasses.asdict(obj)
+
+
+def to_yaml(obj: Any) -> str:
+    return yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=False)
+
+
+def iter_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, str, Any, str]]:
+    """(dotted key, type name, default, help) for every leaf key of a schema, in order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from iter_keys(tp, dotted)
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "(required)"
+        yield dotted, _type_name(tp), default, f.metadata.get("help", "")

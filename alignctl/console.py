@@ -1,0 +1,62 @@
+"""Human-facing console output of the CLI: summary tables and progress bars (rich)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+T = TypeVar("T")
+
+console = Console(stderr=False, highlight=False)
+
+
+def progress_enabled() -> bool:
+    """Progress bars only for a person at a terminal, never in CI logs."""
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def track(items: Iterable[T], description: str, total: int | None = None,
+          enabled: bool | None = None) -> Iterator[T]:
+    """Iterate with a rich progress bar on stderr (a no-op wrapper when disabled)."""
+    if not (progress_enabled() if enabled is None else enabled):
+        yield from items
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total if total is not None else _len(items))
+        for item in items:
+            yield item
+            bar.advance(task)
+
+
+def _len(items: Any) -> int | None:
+    try:
+        return len(items)
+    except TypeError:
+        return None
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for name in columns:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    console.print(table)
+
+
+def print_preprocess_report(report: Any) -> None:
+    """Row counts per written file, then anything dropped or skipped (never silently)."""
+    print_table(f"wrote {report.out_dir}", ["file", "rows"], [[k, v] for k, v in report.files.items()])
+    if report.dropped:
+        print_table("dropped by design", ["reason", "rows"], [[k, v] for k, v in report.dropped.items()])
+    if report.skipped:
+        print_table("skipped bad rows", ["reason", "rows"], [[k, v] for k, v in report.skipped.items()])
+        for example in report.examples:
+            console.print(f"  e.g. {example}")

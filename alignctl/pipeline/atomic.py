@@ -1,0 +1,66 @@
+"""Atomic output folders: work happens in a hidden temporary sibling that is renamed into place.
+
+A reader therefore sees either nothing or the complete folder, never half-written output, even
+when the writer crashes or is killed. The temporary folder lives next to the destination so the
+final ``os.replace`` stays on one filesystem (rename is atomic only there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from alignctl.errors import UserError
+
+
+def _check_parent_writable(dest: Path) -> Path:
+    parent = dest.parent
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{dest}: cannot create output folder, {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{dest}: output location is not writable ({probe} denies write access)")
+    return parent
+
+
+@contextlib.contextmanager
+def atomic_output_dir(dest: str | os.PathLike[str], *, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a fresh temporary folder; on success it replaces ``dest``, on error it is removed.
+
+    ``overwrite=False`` refuses to replace an existing ``dest`` (UserError).
+    """
+    dest = Path(dest).absolute()
+    if dest.exists() and not overwrite:
+        raise UserError(f"{dest}: output already exists (pass --overwrite to replace it)")
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"{dest}: output path exists and is a file, expected a folder")
+    parent = _check_parent_writable(dest)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{dest}: cannot create output folder ({exc.strerror})") from None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace_dir(tmp, dest)
+
+
+def _replace_dir(tmp: Path, dest: Path) -> None:
+    """Move ``tmp`` to ``dest``; an existing ``dest`` is moved aside first and deleted after, so
+    there is no moment where a reader could see a mix of old and new files."""
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
