@@ -70,7 +70,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise UserError(f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. trainer.total_epochs=2")
+        raise UserError(f"command-line override {text!r}: expected KEY=VALUE with a dotted key, e.g. trainer.total_epochs=2")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -96,7 +96,7 @@ def _set_dotted(data: dict[str, Any], path: list[str], value: Any, text: str | N
             child = node[part] = {}
         elif not isinstance(child, dict):
             prefix = ".".join(path[: i + 1])
-            raise UserError(f"override {text or '.'.join(path)!r}: key {prefix!r} is a value, not a section")
+            raise UserError(f"command-line override {text or '.'.join(path)!r}: key {prefix!r} is a value, not a section")
         node = child
     node[path[-1]] = value
 
@@ -112,7 +112,8 @@ class _Origin:
     override_keys: set[str]
 
     def of(self, dotted: str) -> str:
-        if dotted in self.override_keys:
+        dotted = dotted.split("[", 1)[0]  # list items belong to their key
+        if any(k == dotted or k.startswith(dotted + ".") for k in self.override_keys):
             return "command-line override"
         return self.file or "config"
 
