@@ -105,6 +105,31 @@ def preprocess(
     print_preprocess_report(report)
 
 
+# ------------------------------------------------------------------------------ RL
+
+
+def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any]) -> None:
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.trainers.rl_trainer import RLTrainer
+
+    cfg = load_config(RLConfig, config, overrides, base=base)
+    result = RLTrainer(cfg).fit()
+    typer.echo(f"policy saved to {result.policy_dir}; metrics in {result.run_dir / 'metrics.jsonl'}")
+
+
+@app.command()
+def ppo(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+    """RL training (PPO with a critic by default; any estimator via algorithm.adv_estimator)."""
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}})
+
+
+@app.command()
+def grpo(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+    """RL training with GRPO advantages (no critic); same keys as ppo."""
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}})
+
+
 # ------------------------------------------------------------------------------ entry point
 
 

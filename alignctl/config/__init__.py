@@ -10,6 +10,8 @@ from alignctl.errors import UserError
 # Stage name -> "module:Class" of its schema. Imported lazily so `alignctl --help` stays fast.
 STAGE_SCHEMAS: dict[str, str] = {
     "preprocess": "alignctl.config.preprocess:PreprocessConfig",
+    "ppo": "alignctl.config.rl:RLConfig",
+    "grpo": "alignctl.config.rl:RLConfig",
 }
 
 

@@ -1,0 +1,260 @@
+"""Config schema of the RL stages (``alignctl ppo`` / ``alignctl grpo``), with verl's key names.
+
+A verl user's overrides carry over: ``data.train_batch_size``, ``actor_rollout_ref.rollout.n``,
+``actor_rollout_ref.actor.ppo_mini_batch_size``, ``algorithm.adv_estimator`` ... Only keys that
+alignctl implements exist here; an unknown key is an error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alignctl.config.core import field, section
+from alignctl.errors import UserError
+
+STRATEGIES = ("ddp", "fsdp2", "deepspeed")
+CRITIC_ESTIMATORS = ("gae",)
+
+
+@dataclass
+class CustomClass:
+    path: str | None = field(None, help="Python file defining the class or function.")
+    name: str | None = field(None, help="Name of the class or function in that file.")
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list, help="RL prompt parquet files (preprocess output).")
+    val_files: list[str] = field(default_factory=list, help="Validation prompt parquet files.")
+    prompt_key: str = field("prompt", help="Column holding the chat messages of the prompt.")
+    max_prompt_length: int = field(512, help="Prompts longer than this (tokens) are filtered out and counted.")
+    max_response_length: int = field(512, help="Most new tokens per response.")
+    train_batch_size: int = field(32, help="Prompts per training step.")
+    val_batch_size: int | None = field(None, help="Prompts per validation generation call (default: all).")
+    max_val_samples: int | None = field(None, help="Use at most this many validation prompts.")
+    shuffle: bool = field(True, help="Shuffle training prompts every epoch (seeded).")
+    seed: int = field(1, help="Seed of the dataloader shuffle.")
+    custom_cls: CustomClass = section(CustomClass, help="A user dataset class replacing the built-in one.")
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = field(None, help="HF model folder (or hub name when online).")
+    tokenizer_path: str | None = field(None, help="Tokenizer folder (default: model.path).")
+    dtype: str = field("float32", help="Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+    attn_implementation: str = field("sdpa", help="Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
+    use_remove_padding: bool = field(True, help="Pack sequences (block-diagonal attention) in log-prob and training forwards.")
+    enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
+    lora_rank: int = field(0, help="LoRA rank; 0 trains all weights.")
+    lora_alpha: int = field(16, help="LoRA alpha.")
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      help="Modules that get LoRA adapters.")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = field(1e-6, help="Peak learning rate.")
+    weight_decay: float = field(0.01, help="AdamW weight decay.")
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], help="AdamW betas.")
+    lr_warmup_steps: int = field(-1, help="Warm-up steps (-1: use lr_warmup_steps_ratio).")
+    lr_warmup_steps_ratio: float = field(0.0, help="Warm-up as a fraction of total training steps.")
+    warmup_style: str = field("constant", help="Schedule after warm-up.", choices=("constant", "cosine"))
+    min_lr_ratio: float = field(0.0, help="Cosine schedule floor as a fraction of lr.")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = field("vanilla", help="Policy loss from the registry: vanilla, gspo, gpg, cispo.")
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = field("ddp", help="Training backend.", choices=STRATEGIES)
+    ppo_mini_batch_size: int = field(16, help="Prompts per optimizer step (x rollout.n responses).")
+    ppo_micro_batch_size_per_gpu: int | None = field(None, help="Responses per forward/backward per worker "
+                                                                "(default: the whole local mini-batch).")
+    use_dynamic_bsz: bool = field(False, help="Token-budgeted micro-batches instead of a fixed count.")
+    ppo_max_token_len_per_gpu: int = field(16384, help="Token budget of a dynamic micro-batch.")
+    ppo_epochs: int = field(1, help="Passes over each step's data.")
+    shuffle: bool = field(False, help="Shuffle responses before splitting into mini-batches.")
+    grad_clip: float = field(1.0, help="Max global gradient norm (<=0 disables clipping).")
+    clip_ratio: float = field(0.2, help="PPO clip range (both sides unless low/high are set).")
+    clip_ratio_low: float | None = field(None, help="Lower clip range (DAPO clip-higher).")
+    clip_ratio_high: float | None = field(None, help="Upper clip range (DAPO clip-higher).")
+    clip_ratio_c: float = field(3.0, help="Dual-clip constant for negative advantages.")
+    loss_agg_mode: str = field("token-mean", help="How token losses are averaged.",
+                               choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                        "seq-mean-token-sum-norm"))
+    entropy_coeff: float = field(0.0, help="Entropy bonus coefficient.")
+    use_kl_loss: bool = field(False, help="Add a KL(actor || ref) loss term (GRPO style).")
+    kl_loss_coef: float = field(0.001, help="Coefficient of the KL loss.")
+    kl_loss_type: str = field("low_var_kl", help="KL estimator of the KL loss (k1, abs, k2/mse, k3/low_var_kl, k1+, k3+).")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, help="Policy loss selection.")
+    optim: OptimConfig = section(OptimConfig, help="Optimizer of the actor.")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = field(None, help="Responses per reference forward (default: all).")
+
+
+@dataclass
+class ValKwargs:
+    n: int = field(1, help="Samples per validation prompt.")
+    do_sample: bool = field(False, help="Sample (true) or greedy (false) during validation.")
+    temperature: float = field(0.0, help="Validation temperature (when sampling).")
+    top_p: float = field(1.0, help="Validation nucleus threshold.")
+    top_k: int = field(-1, help="Validation top-k (-1: off).")
+
+
+@dataclass
+class RolloutConfig:
+    name: str = field("hf", help="Rollout engine.", choices=("hf", "vllm"))
+    n: int = field(1, help="Responses per prompt.")
+    temperature: float = field(1.0, help="Sampling temperature.")
+    top_p: float = field(1.0, help="Nucleus threshold.")
+    top_k: int = field(-1, help="Top-k (-1: off).")
+    do_sample: bool = field(True, help="Sample (true) or greedy (false).")
+    log_prob_micro_batch_size_per_gpu: int | None = field(None, help="Responses per old-log-prob forward (default: all).")
+    gpu_memory_utilization: float = field(0.5, help="vllm: fraction of GPU memory for weights + KV cache.")
+    tensor_model_parallel_size: int = field(1, help="vllm: tensor-parallel degree.")
+    enforce_eager: bool = field(True, help="vllm: disable CUDA graphs.")
+    val_kwargs: ValKwargs = section(ValKwargs, help="Sampling during validation.")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = field(True, help="Actor, rollout and reference share one worker process (always true).")
+    model: ModelConfig = section(ModelConfig, help="The policy model.")
+    actor: ActorConfig = section(ActorConfig, help="Actor training.")
+    ref: RefConfig = section(RefConfig, help="Reference policy.")
+    rollout: RolloutConfig = section(RolloutConfig, help="Generation.")
+
+
+@dataclass
+class CriticModelConfig:
+    path: str | None = field(None, help="Value-model init folder (default: the actor's model.path).")
+    use_remove_padding: bool = field(True, help="Pack sequences in value forwards.")
+    enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward.")
+
+
+@dataclass
+class CriticConfig:
+    strategy: str = field("ddp", help="Training backend.", choices=STRATEGIES)
+    model: CriticModelConfig = section(CriticModelConfig, help="The value model.")
+    optim: OptimConfig = section(OptimConfig, help="Optimizer of the critic.")
+    ppo_mini_batch_size: int | None = field(None, help="Prompts per critic step (default: the actor's).")
+    ppo_micro_batch_size_per_gpu: int | None = field(None, help="Responses per critic forward/backward.")
+    use_dynamic_bsz: bool = field(False, help="Token-budgeted micro-batches.")
+    ppo_max_token_len_per_gpu: int = field(32768, help="Token budget of a dynamic micro-batch.")
+    ppo_epochs: int | None = field(None, help="Passes over each step's data (default: the actor's).")
+    cliprange_value: float = field(0.5, help="Value clipping range around the old values.")
+    loss_agg_mode: str = field("token-mean", help="How token value losses are averaged.")
+    grad_clip: float = field(1.0, help="Max global gradient norm.")
+
+
+@dataclass
+class RewardModelSection:
+    path: str | None = field(None, help="Reward model folder (train-rm artifact or any sequence classifier).")
+    input_tokenizer: str | None = field(None, help="Tokenizer of the policy when it differs (re-tokenize).")
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = field(False, help="Score responses with a reward model.")
+    model: RewardModelSection = section(RewardModelSection, help="The reward model.")
+    micro_batch_size_per_gpu: int | None = field(None, help="Pairs per reward-model forward.")
+    normalize: bool = field(True, help="Normalise RM scores with the mean/std saved by train-rm.")
+    reward_manager: str = field("naive", help="Rule/custom reward manager.", choices=("naive", "batch", "dapo"))
+    rule_weight: float = field(1.0, help="Weight of the rule/custom score when an RM is also used.")
+    rm_weight: float = field(1.0, help="Weight of the RM score.")
+    overlong_buffer_len: int = field(0, help="dapo: length of the overlong penalty ramp (0: off).")
+    overlong_penalty_factor: float = field(1.0, help="dapo: penalty at the maximum length.")
+
+
+@dataclass
+class CustomRewardFunction:
+    path: str | None = field(None, help="Python file with the reward function.")
+    name: str = field("compute_score", help="Function name: compute_score(data_source, solution_str, ground_truth, extra_info).")
+
+
+@dataclass
+class KLControl:
+    type: str = field("fixed", help="KL coefficient controller.", choices=("fixed", "adaptive"))
+    kl_coef: float = field(0.001, help="(Initial) KL-in-reward coefficient.")
+    horizon: int = field(10000, help="adaptive: horizon of the proportional controller.")
+    target_kl: float = field(0.1, help="adaptive: target KL.")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = field("grpo", help="Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, "
+                                           "reinforce_plus_plus_baseline, remax, opo, grpo_passk.")
+    gamma: float = field(1.0, help="Discount.")
+    lam: float = field(1.0, help="GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = field(True, help="false gives Dr.GRPO.")
+    use_kl_in_reward: bool = field(False, help="Subtract beta * KL(actor || ref) from token rewards.")
+    kl_penalty: str = field("kl", help="KL estimator in the reward (kl/k1, abs, mse/k2, low_var_kl/k3).")
+    kl_ctrl: KLControl = section(KLControl, help="KL-in-reward coefficient controller.")
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = field("alignctl", help="Project name (trackers).")
+    experiment_name: str = field("run", help="Run name (trackers, run folder).")
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"], help="console, jsonl, tensorboard, wandb.")
+    total_epochs: int = field(1, help="Passes over the training prompts.")
+    total_training_steps: int | None = field(None, help="Stop after this many steps (overrides epochs).")
+    nnodes: int = field(1, help="Nodes in the Ray cluster.")
+    n_gpus_per_node: int = field(1, help="Workers per node (GPUs; on CPU, worker processes).")
+    device: str = field("auto", help="Device of the workers.", choices=("auto", "cpu", "cuda"))
+    cpus_per_worker: int = field(1, help="CPU cores (and torch threads) given to each worker.")
+    test_freq: int = field(-1, help="Validate every N steps (-1: only at the end).")
+    val_before_train: bool = field(True, help="Validate before the first step.")
+    save_freq: int = field(-1, help="Save a checkpoint every N steps (-1: only the final policy).")
+    default_local_dir: str = field("runs", help="Parent folder of run folders.")
+    run_dir: str | None = field(None, help="Exact run folder (default: default_local_dir/experiment_name).")
+    critic_warmup: int = field(0, help="Steps that train only the critic.")
+    balance_batch: bool = field(True, help="Reorder each batch so workers get equal token counts.")
+    seed: int = field(1, help="Seed of model init, sampling and shuffles.")
+    ray_address: str | None = field(None, help="Ray cluster address (default: start a local one).")
+
+
+@dataclass
+class RLConfig:
+    """PPO / GRPO and friends, one loop for all estimators."""
+
+    data: DataConfig = section(DataConfig, help="Prompt data.")
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, help="Policy, rollout, reference.")
+    critic: CriticConfig = section(CriticConfig, help="Value model (used by gae).")
+    reward_model: RewardModelConfig = section(RewardModelConfig, help="Reward model and reward manager.")
+    custom_reward_function: CustomRewardFunction = section(CustomRewardFunction, help="User reward function.")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, help="Advantages and KL.")
+    trainer: TrainerConfig = section(TrainerConfig, help="Loop, workers, logging, checkpoints.")
+
+    @property
+    def use_critic(self) -> bool:
+        return self.algorithm.adv_estimator in CRITIC_ESTIMATORS
+
+    def validate(self) -> None:
+        actor = self.actor_rollout_ref.actor
+        n = self.actor_rollout_ref.rollout.n
+        if self.actor_rollout_ref.model.path is None:
+            raise UserError("key 'actor_rollout_ref.model.path' is required (an HF model folder)")
+        if not self.data.train_files:
+            raise UserError("key 'data.train_files' is required (RL prompt parquet files)")
+        if self.data.train_batch_size % actor.ppo_mini_batch_size:
+            raise UserError(f"key 'actor_rollout_ref.actor.ppo_mini_batch_size' ({actor.ppo_mini_batch_size}) "
+                            f"must divide data.train_batch_size ({self.data.train_batch_size})")
+        world = self.trainer.nnodes * self.trainer.n_gpus_per_node
+        if (actor.ppo_mini_batch_size * n) % world:
+            raise UserError(f"ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size * n}) must be "
+                            f"divisible by the number of workers ({world})")
+        micro = actor.ppo_micro_batch_size_per_gpu
+        if micro is not None and not actor.use_dynamic_bsz and (actor.ppo_mini_batch_size * n // world) % micro:
+            raise UserError(f"key 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu' ({micro}) must divide "
+                            f"the per-worker mini-batch ({actor.ppo_mini_batch_size * n // world} responses)")
+        if self.algorithm.adv_estimator in ("grpo", "rloo", "opo", "grpo_passk",
+                                            "reinforce_plus_plus_baseline") and n < 2:
+            raise UserError(f"algorithm.adv_estimator={self.algorithm.adv_estimator} compares responses of a "
+                            f"prompt: set actor_rollout_ref.rollout.n >= 2 (got {n})")

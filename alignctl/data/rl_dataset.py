@@ -1,0 +1,158 @@
+"""RL prompts: preprocess parquet -> chat-templated token ids, and a seeded, resumable loader.
+
+The controller tokenizes (it needs the tokenizer, never the weights); workers get token ids.
+Prompts longer than ``max_prompt_length`` are filtered out and counted, never truncated silently.
+``data.custom_cls.path/name`` swaps in a user class with the same interface
+(``__len__``, ``__getitem__ -> dict`` with at least ``prompt_ids``, and ``filtered``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from alignctl.batch import Batch
+from alignctl.errors import UserError
+
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+
+
+def _plain(value: Any) -> Any:
+    """Parquet gives numpy arrays for lists; reward functions and templates want Python objects."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def read_prompt_files(files: list[str], prompt_key: str) -> pd.DataFrame:
+    frames = []
+    for name in files:
+        path = Path(name)
+        if not path.exists():
+            raise UserError(f"{path}: prompt file not found")
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+            raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__})") from None
+        missing = [c for c in (prompt_key, *REQUIRED_COLUMNS) if c not in frame.columns]
+        if missing:
+            raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected RL prompt rows "
+                            f"from 'alignctl preprocess'")
+        frames.append(frame)
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if frame.empty:
+        raise UserError(f"{', '.join(files)}: no prompt rows")
+    return frame
+
+
+class RLPromptDataset:
+    """Tokenized prompts with everything a reward function needs kept raw."""
+
+    def __init__(self, files: list[str], tokenizer: Any, *, prompt_key: str = "prompt",
+                 max_prompt_length: int = 512, max_samples: int | None = None) -> None:
+        frame = read_prompt_files(files, prompt_key)
+        if max_samples is not None:
+            frame = frame.iloc[:max_samples]
+        self.rows: list[dict[str, Any]] = []
+        self.filtered = 0
+        for record in frame.to_dict(orient="records"):
+            messages = _plain(record[prompt_key])
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            if len(ids) > max_prompt_length:
+                self.filtered += 1
+                continue
+            reward_model = _plain(record["reward_model"]) or {}
+            self.rows.append({
+                "prompt_ids": ids,
+                "raw_prompt": messages,
+                "data_source": str(record["data_source"]),
+                "ground_truth": reward_model.get("ground_truth"),
+                "extra_info": _plain(record.get("extra_info")) or {},
+            })
+        if not self.rows:
+            raise UserError(f"{', '.join(files)}: every prompt is longer than data.max_prompt_length="
+                            f"{max_prompt_length} tokens ({self.filtered} filtered)")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.rows[index]
+
+
+def load_dataset_class(path: str, name: str) -> type:
+    spec = importlib.util.spec_from_file_location(f"alignctl_user_dataset_{Path(path).stem}", path)
+    if spec is None or not Path(path).exists():
+        raise UserError(f"{path}: data.custom_cls.path not found")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if not hasattr(module, name):
+        raise UserError(f"{path}: no class {name!r} (data.custom_cls.name)")
+    return getattr(module, name)
+
+
+def to_batch(rows: list[dict[str, Any]], uids: list[int]) -> Batch:
+    """Prompt rows -> a Batch of lists (one row per prompt)."""
+    lists = {key: [row[key] for row in rows] for key in rows[0]}
+    lists["uid"] = list(uids)
+    return Batch({}, lists)
+
+
+@dataclass
+class PromptLoader:
+    """Seeded epoch-wise shuffling in fixed batches (last partial batch dropped, like verl).
+
+    ``state_dict`` is (epoch, position) so a resumed run draws exactly the prompts it would have."""
+
+    dataset: Any
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 1
+    epoch: int = 0
+    position: int = 0
+    _order: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.dataset) < self.batch_size:
+            raise UserError(f"data.train_batch_size={self.batch_size} is larger than the dataset "
+                            f"({len(self.dataset)} prompts)")
+        self._order = self._epoch_order(self.epoch)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        gen = torch.Generator().manual_seed(self.seed * 100003 + epoch)
+        return torch.randperm(len(self.dataset), generator=gen).tolist()
+
+    def next_batch(self) -> Batch:
+        if self.position >= self.steps_per_epoch:
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order(self.epoch)
+        start = self.position * self.batch_size
+        indices = self._order[start:start + self.batch_size]
+        self.position += 1
+        uids = [self.epoch * len(self.dataset) + i for i in indices]
+        return to_batch([self.dataset[i] for i in indices], uids)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._epoch_order(self.epoch)

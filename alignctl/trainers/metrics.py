@@ -1,0 +1,83 @@
+"""Step metrics from a finished batch (verl's names) and step timing. Pure: tensors in, floats out."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import torch
+
+from alignctl.algos import masked_mean
+from alignctl.batch import Batch
+
+QUANTILES = (0.1, 0.5, 0.9)
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    if values.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()),
+            f"{prefix}/min": float(values.min())}
+
+
+def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of one step's responses."""
+    mask = batch["response_mask"].bool()
+    lengths = mask.sum(-1)
+    scores = batch["token_level_scores"].sum(-1)
+    rewards = batch["token_level_rewards"].sum(-1)
+    valid = mask.any(-1)
+    metrics = {
+        **_stats("critic/score", scores),
+        **_stats("critic/rewards", rewards),
+        **_stats("response_length", lengths),
+        **_stats("prompt_length", batch["attention_mask"].sum(-1) - lengths),
+        "response_length/clip_ratio": float((lengths >= max_response_length).float().mean()),
+    }
+    for name, key in (("advantages", "advantages"), ("returns", "returns"), ("values", "values")):
+        if key in batch and valid.any():
+            token_values = batch[key][mask]
+            metrics.update(_stats(f"critic/{name}", token_values))
+    if "values" in batch and "returns" in batch and mask.any():
+        # Fraction of the return variance the critic explains (1 = perfect, <= 0 = no better than a constant).
+        residual = (batch["returns"] - batch["values"])[mask].float()
+        returns = batch["returns"][mask].float()
+        metrics["critic/vf_explained_var"] = float(1 - residual.var(unbiased=False) / (returns.var(unbiased=False) + 1e-8))
+    # Watching the reward distribution, not only its mean, is how reward hacking is caught early.
+    for q, value in zip(QUANTILES, torch.quantile(scores.float(), torch.tensor(QUANTILES)).tolist()):
+        metrics[f"reward/p{int(q * 100)}"] = value
+    return metrics
+
+
+def kl_metrics(batch: Batch) -> dict[str, float]:
+    """Mean per-token KL(actor || ref) estimate (k1) over response tokens, for monitoring."""
+    if "ref_log_prob" not in batch:
+        return {}
+    diff = batch["old_log_probs"] - batch["ref_log_prob"]
+    return {"actor/reference_kl": float(masked_mean(diff, batch["response_mask"].float()))}
+
+
+class Timer:
+    """``with timer("gen"): ...`` accumulates ``timing_s/gen``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"timing_s/{name}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+def throughput(batch: Batch, step_seconds: float, world_size: int) -> dict[str, float]:
+    tokens = float(batch["attention_mask"].sum())
+    return {"perf/total_num_tokens": tokens, "perf/throughput": tokens / max(step_seconds, 1e-9) / world_size}

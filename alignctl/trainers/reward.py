@@ -1,0 +1,65 @@
+"""The controller's reward step: decode responses, score them with the rule / custom reward
+manager (and the reward model when enabled), place the score on the last response token.
+
+Scoring runs in a background thread (``submit``) so it overlaps the workers' log-prob passes:
+it is off the step's critical path unless it is slower than them.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from alignctl.batch import Batch
+from alignctl.config.rl import RLConfig
+from alignctl.rewards.custom import load_reward_function
+from alignctl.rewards.managers import RewardInputs, build_reward_manager
+
+
+class RewardComputer:
+    def __init__(self, cfg: RLConfig, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        rm = cfg.reward_model
+        custom = cfg.custom_reward_function
+        fn = load_reward_function(custom.path, custom.name) if custom.path else None
+        options: dict[str, Any] = {}
+        if rm.reward_manager == "dapo":
+            options = {"max_resp_len": cfg.data.max_response_length, "overlong_buffer_len": rm.overlong_buffer_len,
+                       "overlong_penalty_factor": rm.overlong_penalty_factor}
+        self.manager = build_reward_manager(rm.reward_manager, compute_score=fn, **options)
+        self.model_scorer = None  # set by the trainer when reward_model.enable (scores via the RM worker)
+        self.rule_weight = rm.rule_weight if rm.enable else 1.0
+        self.rm_weight = rm.rm_weight
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alignctl-reward")
+
+    def decode(self, batch: Batch) -> list[str]:
+        rows = [ids[:int(n)] for ids, n in zip(batch["responses"].tolist(), batch["response_mask"].sum(-1).tolist())]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+    def score(self, batch: Batch) -> Batch:
+        texts = self.decode(batch)
+        out = self.manager(RewardInputs(
+            data_sources=batch["data_source"], responses=texts, ground_truths=batch["ground_truth"],
+            response_width=batch["responses"].shape[1], extra_infos=batch["extra_info"],
+            response_mask=batch["response_mask"]))
+        scores = out.token_level_scores.float() * self.rule_weight
+        metrics = {"reward/num_timeouts": float(out.num_timeouts)}
+        for key, values in out.extra.items():
+            numeric = [float(v) for v in values if isinstance(v, (int, float))]
+            if numeric:
+                metrics[f"reward/extra/{key}/mean"] = sum(numeric) / len(numeric)
+        if self.model_scorer is not None:
+            rm_scores = self.model_scorer(batch)  # [N] one score per response
+            last = (batch["response_mask"].sum(-1) - 1).clamp(min=0)
+            scores[torch.arange(len(batch)), last] += self.rm_weight * rm_scores.float()
+            metrics["reward/rm_score/mean"] = float(rm_scores.float().mean())
+        return Batch({"token_level_scores": scores}, meta={"reward_metrics": metrics})
+
+    def submit(self, batch: Batch) -> Future[Batch]:
+        return self.pool.submit(self.score, batch)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+        self.manager.close()

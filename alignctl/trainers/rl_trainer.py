@@ -1,0 +1,179 @@
+"""The single-controller RL loop: one loop for every estimator (PPO, GRPO, RLOO, REINFORCE++, ReMax,
+OPO, Dr.GRPO, DAPO). It holds no model weights: workers do, and the controller only moves Batches.
+
+``train_step`` reads like the listing in DESIGN.md. Customise the training logic by subclassing and
+overriding a hook (``collect_batch`` is where DAPO's dynamic sampling plugs in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alignctl.algos import kl_penalized_rewards, make_kl_controller
+from alignctl.batch import Batch
+from alignctl.config.core import to_dict, to_yaml
+from alignctl.config.rl import RLConfig
+from alignctl.models.microbatch import balance_batch
+from alignctl.trainers.advantage import compute_advantage
+from alignctl.trainers.metrics import Timer, data_metrics, kl_metrics, throughput
+from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
+from alignctl.trainers.validation import validate
+from alignctl.tracking import Tracker
+
+# Columns each worker call needs (sending only these keeps Ray's object traffic small).
+LOGP_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+ACTOR_UPDATE_INPUTS = (*LOGP_INPUTS, "old_log_probs", "advantages", "ref_log_prob")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    policy_dir: Path
+    steps: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    val_history: list[dict[str, float]] = field(default_factory=list)
+
+
+class RLTrainer:
+    def __init__(self, cfg: RLConfig) -> None:
+        self.cfg = cfg
+        self.parts: RLComponents = build_components(cfg)
+        self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl.type, kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
+                                          target_kl=cfg.algorithm.kl_ctrl.target_kl,
+                                          horizon=cfg.algorithm.kl_ctrl.horizon)
+        self.global_step = 0
+        self.workers = None
+        self.need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self, prompts: Batch) -> dict[str, float]:
+        timer, metrics = Timer(), {}
+        with timer("step"):
+            with timer("gen"):
+                batch, pending_reward = self.collect_batch(prompts, timer)
+            if self.cfg.trainer.balance_batch:
+                batch = self.balance(batch)
+            with timer("old_log_prob"):
+                batch = batch.union(self.workers.split("actor", "compute_log_prob", batch.select(LOGP_INPUTS)))
+            if self.need_ref:
+                with timer("ref"):
+                    batch = batch.union(self.workers.split("actor", "compute_ref_log_prob", batch.select(LOGP_INPUTS)))
+            if self.cfg.use_critic:
+                with timer("values"):
+                    batch = batch.union(self.workers.split("critic", "compute_values", batch.select(LOGP_INPUTS)))
+            with timer("reward"):
+                batch = batch.union(pending_reward.result())
+            batch, metrics = self.apply_kl_in_reward(batch)
+            with timer("adv"):
+                batch = batch.union(compute_advantage(batch, self.cfg.algorithm))
+            if self.cfg.use_critic:
+                with timer("update_critic"):
+                    metrics |= self.update("critic", "update_critic", batch)
+            if self.global_step >= self.cfg.trainer.critic_warmup:
+                with timer("update_actor"):
+                    metrics |= self.update("actor", "update_actor", batch)
+        metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | batch.meta.get("reward_metrics", {})
+        metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.world_size)
+        return metrics
+
+    # ------------------------------------------------------------------ hooks and helpers
+
+    def collect_batch(self, prompts: Batch, timer: Timer) -> tuple[Batch, Future[Batch]]:
+        """Generate responses and start scoring them (in the background, off the critical path).
+
+        Override to change which responses are trained on (see DAPO's dynamic sampling)."""
+        rollout = self.cfg.actor_rollout_ref.rollout
+        batch = self.generate(prompts, n=rollout.n, do_sample=rollout.do_sample, temperature=rollout.temperature,
+                              top_p=rollout.top_p, top_k=rollout.top_k)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            batch = self.add_greedy_baseline(prompts, batch)
+        return batch, self.parts.reward.submit(batch)
+
+    def generate(self, prompts: Batch, *, n: int, do_sample: bool, temperature: float, top_p: float,
+                 top_k: int) -> Batch:
+        prompts.meta.update(n=n, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=self.cfg.trainer.seed * 7919 + self.global_step,
+                            prompt_width=max(len(p) for p in prompts["prompt_ids"]))
+        return self.workers.split("actor", "generate_sequences", prompts)
+
+    def add_greedy_baseline(self, prompts: Batch, batch: Batch) -> Batch:
+        """ReMax: the reward of each prompt's greedy response is the baseline of its samples."""
+        greedy = self.generate(prompts.select(prompts.keys()), n=1, do_sample=False, temperature=1.0, top_p=1.0, top_k=-1)
+        scores = self.parts.reward.score(greedy)["token_level_scores"].sum(-1)
+        by_uid = dict(zip(greedy["group_index"].tolist(), scores.tolist()))
+        baseline = torch.tensor([by_uid[int(u)] for u in batch["group_index"]])
+        return batch.union(Batch({"baseline_rewards": baseline}))
+
+    def balance(self, batch: Batch) -> Batch:
+        order = balance_batch(batch["attention_mask"].sum(-1).tolist(), self.workers.world_size)
+        return batch.index(order)
+
+    def apply_kl_in_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        scores = batch["token_level_scores"]
+        if not self.cfg.algorithm.use_kl_in_reward:
+            return batch.union(Batch({"token_level_rewards": scores})), {}
+        rewards, kl = kl_penalized_rewards(scores, batch["old_log_probs"], batch["ref_log_prob"],
+                                           batch["response_mask"], self.kl_ctrl.value, self.cfg.algorithm.kl_penalty)
+        metrics = {"actor/reward_kl_penalty": float(kl), "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
+        self.kl_ctrl.update(float(kl), n_steps=len(batch) // self.cfg.actor_rollout_ref.rollout.n)
+        return batch.union(Batch({"token_level_rewards": rewards})), metrics
+
+    def update(self, role: str, method: str, batch: Batch) -> dict[str, float]:
+        keys = ACTOR_UPDATE_INPUTS if role == "actor" else (*LOGP_INPUTS, "values", "returns")
+        parts = self.workers.split_collect(role, method, batch.select([k for k in keys if k in batch]))
+        return parts[0]  # metrics are all-reduced inside the workers: every rank holds the same
+
+    # ------------------------------------------------------------------ the run
+
+    def fit(self) -> RunResult:
+        run_dir = self.parts.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(self.cfg), encoding="utf-8")
+        tracker = Tracker.create(self.cfg.trainer.logger, run_dir, project=self.cfg.trainer.project_name,
+                                 name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg))
+        result = RunResult(run_dir, run_dir / "actor", 0)
+        self.workers = start_workers(self.cfg, self.parts.total_steps)
+        try:
+            self._loop(tracker, result)
+            self.workers.broadcast("actor", "save", str(result.policy_dir))
+        finally:
+            tracker.close()
+            self.workers.shutdown()
+        (run_dir / "summary.json").write_text(json.dumps(_summary(result), indent=2), encoding="utf-8")
+        return result
+
+    def _loop(self, tracker: Tracker, result: RunResult) -> None:
+        trainer = self.cfg.trainer
+        if trainer.val_before_train and self.parts.val_data is not None:
+            self._validate(tracker, result)
+        while self.global_step < self.parts.total_steps:
+            metrics = self.train_step(self.parts.loader.next_batch())
+            self.global_step += 1
+            metrics["training/epoch"] = self.parts.loader.epoch
+            tracker.log(metrics, self.global_step)
+            result.history.append(metrics)
+            last = self.global_step == self.parts.total_steps
+            if self.parts.val_data is not None and (last or (trainer.test_freq > 0 and self.global_step % trainer.test_freq == 0)):
+                self._validate(tracker, result)
+        result.steps = self.global_step
+
+    def _validate(self, tracker: Tracker, result: RunResult) -> None:
+        start = time.perf_counter()
+        metrics = validate(self, self.parts.val_data)
+        metrics["timing_s/validation"] = time.perf_counter() - start
+        tracker.log(metrics, self.global_step)
+        result.val_history.append({"step": self.global_step, **metrics})
+
+
+def _summary(result: RunResult) -> dict[str, Any]:
+    return {"steps": result.steps, "policy": str(result.policy_dir), "validation": result.val_history,
+            "last": result.history[-1] if result.history else {}, "pid": os.getpid()}

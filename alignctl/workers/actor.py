@@ -1,0 +1,160 @@
+"""The hybrid actor / rollout / reference role: one process trains the policy, generates with the
+very same module (no weight copy for the ``hf`` engine) and holds the frozen reference policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from alignctl.algos import agg_loss, get_policy_loss, kl_penalty
+from alignctl.batch import Batch
+from alignctl.config.core import build_config
+from alignctl.config.rl import RLConfig
+from alignctl.models.forward import compute_log_probs
+from alignctl.rollout import SamplingParams, get_rollout_engine
+from alignctl.workers.group import DistContext
+from alignctl.workers.microbatching import MicroBatchPlan, all_reduce_sum, global_counts, micro_batches
+from alignctl.workers.microbatching import mini_batches
+from alignctl.workers.model_setup import build_policy, save_hf_folder
+from alignctl.workers.sequences import assemble, expand_lists
+from alignctl.workers.strategy import TrainEngine
+
+
+class ActorRolloutRefWorker:
+    """Role ``actor``: ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
+    ``update_actor``, ``save``."""
+
+    def __init__(self, ctx: DistContext, config: dict[str, Any], total_steps: int) -> None:
+        self.ctx = ctx
+        self.cfg: RLConfig = build_config(RLConfig, config)
+        arr = self.cfg.actor_rollout_ref
+        torch.manual_seed(self.cfg.trainer.seed)
+        self.policy = build_policy(self.cfg, ctx, total_steps)
+        self.engine: TrainEngine = self.policy.engine
+        self.tokenizer = self.policy.tokenizer
+        self.rollout = get_rollout_engine(
+            arr.rollout.name, **self.policy.rollout_kwargs(arr.rollout))
+        self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
+                                   arr.actor.ppo_max_token_len_per_gpu)
+        self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
+
+    # ------------------------------------------------------------------ rollout
+
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        meta = prompts.meta
+        params = SamplingParams(
+            n=meta["n"], temperature=meta["temperature"], top_p=meta["top_p"], top_k=meta["top_k"],
+            max_new_tokens=self.cfg.data.max_response_length, greedy=not meta["do_sample"],
+            seed=meta["seed"] * 1009 + self.ctx.rank,
+        )
+        start = time.perf_counter()
+        self.rollout.wake()
+        self.rollout.sync_weights()
+        out = self.rollout.generate(prompts["prompt_ids"], params)
+        self.rollout.sleep()
+        tensors = assemble(prompts["prompt_ids"], out, prompt_width=meta["prompt_width"],
+                           response_width=self.cfg.data.max_response_length, pad_id=self.policy.pad_id)
+        tensors["group_index"] = torch.as_tensor([prompts["uid"][int(i)] for i in out.prompt_index])
+        gen_meta = {"temperature": params.logprob_temperature, "timing_s/gen_worker": time.perf_counter() - start}
+        return Batch(tensors, expand_lists(prompts, out), {**meta, **gen_meta})
+
+    # ------------------------------------------------------------------ log-probs
+
+    def _log_probs(self, model: Any, batch: Batch, micro: int | None, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logps, ents = [], []
+        for part in batch.split(micro or len(batch)):
+            out = compute_log_probs(
+                model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
+                position_ids=part["position_ids"], temperature=batch.meta["temperature"],
+                compute_entropy=entropy, use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding)
+            logps.append(out.log_probs)
+            ents.append(out.entropy)
+        return torch.cat(logps), (torch.cat(ents) if entropy else None)
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Log-probs of the sampled responses under the current policy (PPO's "old" policy)."""
+        micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        with self.engine.gathered() as model:
+            logp, ent = self._log_probs(model, batch, micro, entropy=True)
+        return Batch({"old_log_probs": logp, "entropys": ent})
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        micro = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        with self.policy.reference() as ref:
+            logp, _ = self._log_probs(ref, batch, micro, entropy=False)
+        return Batch({"ref_log_prob": logp})
+
+    # ------------------------------------------------------------------ update
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        actor = self.cfg.actor_rollout_ref.actor
+        mini_rows = actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.ctx.world_size
+        sums: dict[str, float] = {}
+        updates = 0
+        self.engine.module.train()
+        for _ in range(actor.ppo_epochs):
+            for mini in mini_batches(batch, mini_rows, shuffle=actor.shuffle, generator=self.shuffle_gen):
+                metrics = self._update_mini_batch(mini)
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                updates += 1
+        out = {key: value / updates for key, value in sums.items()}
+        out["actor/lr"] = self.engine.lr()
+        return out
+
+    def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
+        n_tok, n_seq = global_counts(mini["response_mask"])
+        parts = micro_batches(mini, self.plan)
+        shares: dict[str, torch.Tensor] = {}
+        for i, part in enumerate(parts):
+            with self.engine.grad_sync(i == len(parts) - 1):
+                loss, metrics = self._micro_batch_loss(part, n_tok, n_seq)
+                # Engines average gradients over ranks; the loss is a rank's share of a sum.
+                self.engine.backward(loss * self.ctx.world_size)
+            for key, value in metrics.items():
+                shares[key] = shares.get(key, 0.0) + value
+        grad_norm = self.engine.step(self.cfg.actor_rollout_ref.actor.grad_clip)
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"actor gradient norm is {float(grad_norm)}; the update was skipped")
+        reduced = all_reduce_sum(shares)
+        reduced["actor/grad_norm"] = float(grad_norm)
+        return reduced
+
+    def _micro_batch_loss(self, part: Batch, n_tok: torch.Tensor, n_seq: torch.Tensor
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        actor = self.cfg.actor_rollout_ref.actor
+        mask = part["response_mask"]
+        counts = {"global_num_tokens": n_tok, "global_num_seqs": n_seq,
+                  "norm_length": self.cfg.data.max_response_length}
+        out = compute_log_probs(
+            self.engine.module, part["input_ids"], part["attention_mask"], mask.shape[1],
+            position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
+            use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding)
+        pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(
+            part["old_log_probs"], out.log_probs, part["advantages"], mask,
+            loss_agg_mode=actor.loss_agg_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
+            clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c, **counts)
+        entropy = agg_loss(out.entropy, mask, actor.loss_agg_mode, **counts)
+        loss = pg_loss - actor.entropy_coeff * entropy
+        metrics = {"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy.detach(),
+                   "actor/pg_clipfrac": diag["pg_clipfrac"], "actor/pg_clipfrac_lower": diag["pg_clipfrac_lower"],
+                   "actor/ppo_kl": diag["ppo_kl"]}
+        if actor.use_kl_loss:
+            kl = agg_loss(kl_penalty(out.log_probs, part["ref_log_prob"], actor.kl_loss_type), mask,
+                          actor.loss_agg_mode, **counts)
+            loss = loss + actor.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = kl.detach()
+        metrics["actor/loss"] = loss.detach()
+        return loss, metrics
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, path: str) -> None:
+        """The policy in HF format (safetensors + tokenizer); collective, rank 0 writes."""
+        save_hf_folder(self.policy, path, is_writer=self.ctx.rank == 0)

@@ -1,0 +1,67 @@
+"""Turning prompts + rollout output into the fixed-width tensors every role consumes.
+
+Row layout (verl's): ``[left-padded prompt (P) | right-padded response (T)]``. Widths are fixed
+per step (P = longest prompt of the step, T = max_response_length) so the parts produced by
+different ranks concatenate, and packing (use_remove_padding) makes the pads free to compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from alignctl.batch import Batch
+from alignctl.rollout.base import RolloutOutput
+
+
+def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(f"prompt {i} has {len(row)} tokens, more than the width {width}")
+        if row:
+            ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def right_pad(tensor: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
+    """Pad (or keep) ``[N, R]`` to ``[N, width]`` on the right."""
+    if tensor.shape[1] > width:
+        raise ValueError(f"response width {tensor.shape[1]} exceeds max_response_length {width}")
+    pad = torch.full((tensor.shape[0], width - tensor.shape[1]), value, dtype=tensor.dtype)
+    return torch.cat([tensor.cpu(), pad], dim=1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0) * attention_mask
+
+
+def assemble(prompt_ids: Sequence[Sequence[int]], out: RolloutOutput, *, prompt_width: int,
+             response_width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Tensors of the ``N = B * n`` responses; prompt ``i`` is repeated for its n samples."""
+    prompts, prompt_mask = left_pad([prompt_ids[int(i)] for i in out.prompt_index], prompt_width, pad_id)
+    responses = right_pad(out.response_ids, response_width, pad_id)
+    response_mask = right_pad(out.response_mask.long(), response_width, 0)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
+    if out.log_probs is not None:
+        tensors["rollout_log_probs"] = right_pad(out.log_probs.float(), response_width, 0.0)
+    return tensors
+
+
+def expand_lists(prompts: Batch, out: RolloutOutput) -> dict[str, list]:
+    """The prompt batch's per-prompt lists, one entry per generated response."""
+    order = out.prompt_index.tolist()
+    lists = {k: [v[i] for i in order] for k, v in prompts.lists.items()}
+    lists["finish_reason"] = list(out.finish_reason)
+    return lists

@@ -1,0 +1,175 @@
+"""Training backends behind one small interface: ``ddp`` and ``fsdp2`` (torch), ``deepspeed``.
+
+Every engine averages gradients over the data-parallel ranks, so a micro-batch loss must be
+scaled by ``world_size`` (see :func:`alignctl.workers.actor` losses) for the sum over ranks and
+micro-batches to equal the whole-batch loss. ``gathered()`` gives a context in which the full
+parameters sit on the plain HF module, so generation and no-grad forwards run with no collective
+per forward (ranks may then run different numbers of forwards, e.g. when decoding stops early).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def build_optimizer(params: list[nn.Parameter], lr: float, weight_decay: float,
+                    betas: list[float]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(betas[0], betas[1]))
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int,
+                       style: str, min_lr_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up to the peak, then constant or cosine down to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if style == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class TrainEngine:
+    """One model trained data-parallel; subclasses wrap it for a backend."""
+
+    def __init__(self, model: nn.Module, world_size: int) -> None:
+        self.model = model  # the plain HF module (after wrapping, FSDP2 shards it in place)
+        self.world_size = world_size
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    @property
+    def module(self) -> nn.Module:
+        """The module to call for training forwards (with grad)."""
+        return self.model
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer,
+                         scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+        self.optimizer, self.scheduler = optimizer, scheduler
+
+    @contextlib.contextmanager
+    def grad_sync(self, enabled: bool) -> Iterator[None]:
+        """Skip the gradient all-reduce for all but the last micro-batch of a step."""
+        yield
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[nn.Module]:
+        yield self.model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, grad_clip: float) -> torch.Tensor:
+        """Clip, step, schedule, zero; returns the pre-clip global gradient norm."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm.detach()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Complete weights (collective for sharded backends); plain tensors on CPU."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+
+class DDPEngine(TrainEngine):
+    def __init__(self, model: nn.Module, world_size: int) -> None:
+        super().__init__(model, world_size)
+        self.ddp = nn.parallel.DistributedDataParallel(model) if world_size > 1 else None
+
+    @property
+    def module(self) -> nn.Module:
+        return self.ddp if self.ddp is not None else self.model
+
+    @contextlib.contextmanager
+    def grad_sync(self, enabled: bool) -> Iterator[None]:
+        if self.ddp is None or enabled:
+            yield
+        else:
+            with self.ddp.no_sync():
+                yield
+
+
+class FSDP2Engine(TrainEngine):
+    """``fully_shard`` on every decoder layer and on the root (torch FSDP2)."""
+
+    def __init__(self, model: nn.Module, world_size: int) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        super().__init__(model, world_size)
+        for layer in _decoder_layers(model):
+            fully_shard(layer)
+        fully_shard(model)
+        self._fsdp_modules = [m for m in model.modules() if hasattr(m, "unshard") and hasattr(m, "reshard")]
+
+    @contextlib.contextmanager
+    def grad_sync(self, enabled: bool) -> Iterator[None]:
+        self.model.set_requires_gradient_sync(enabled)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[nn.Module]:
+        for module in self._fsdp_modules:
+            module.set_reshard_after_forward(False)
+            module.unshard()
+        try:
+            yield self.model
+        finally:
+            for module in self._fsdp_modules:
+                module.reshard()
+                module.set_reshard_after_forward(True)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks (HF models keep them in a ModuleList called ``layers``)."""
+    for name, child in model.named_modules():
+        if name.endswith("layers") and isinstance(child, nn.ModuleList):
+            return list(child)
+    return []
+
+
+ENGINES: dict[str, type[TrainEngine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}
+
+
+def make_engine(strategy: str, model: nn.Module, *, world_size: int, **kwargs: Any) -> TrainEngine:
+    if strategy == "deepspeed":
+        from alignctl.workers.deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(model, world_size, **kwargs)
+    if strategy not in ENGINES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join([*ENGINES, 'deepspeed'])}")
+    return ENGINES[strategy](model, world_size)
+
+
+def all_reduce_max(value: int) -> int:
+    """The maximum of an int over all ranks (1 process: itself)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
