@@ -43,8 +43,9 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     if "values" in batch and "returns" in batch and mask.any():
         # Fraction of the return variance the critic explains (1 = perfect, <= 0 = no better than a constant).
         residual = (batch["returns"] - batch["values"])[mask].float()
-        returns = batch["returns"][mask].float()
-        metrics["critic/vf_explained_var"] = float(1 - residual.var(unbiased=False) / (returns.var(unbiased=False) + 1e-8))
+        returns_var = batch["returns"][mask].float().var(unbiased=False)
+        if returns_var > 0:  # undefined for constant returns
+            metrics["critic/vf_explained_var"] = float(1 - residual.var(unbiased=False) / returns_var)
     # Watching the reward distribution, not only its mean, is how reward hacking is caught early.
     for q, value in zip(QUANTILES, torch.quantile(scores.float(), torch.tensor(QUANTILES)).tolist()):
         metrics[f"reward/p{int(q * 100)}"] = value

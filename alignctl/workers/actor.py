@@ -4,7 +4,6 @@ very same module (no weight copy for the ``hf`` engine) and holds the frozen ref
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -17,11 +16,11 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import SamplingParams, get_rollout_engine
 from alignctl.workers.group import DistContext
-from alignctl.workers.microbatching import MicroBatchPlan, all_reduce_sum, global_counts, micro_batches
-from alignctl.workers.microbatching import mini_batches
+from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, save_hf_folder
 from alignctl.workers.sequences import assemble, expand_lists
 from alignctl.workers.strategy import TrainEngine
+from alignctl.workers.update_loop import run_update
 
 
 class ActorRolloutRefWorker:
@@ -95,36 +94,9 @@ class ActorRolloutRefWorker:
     def update_actor(self, batch: Batch) -> dict[str, float]:
         actor = self.cfg.actor_rollout_ref.actor
         mini_rows = actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.ctx.world_size
-        sums: dict[str, float] = {}
-        updates = 0
-        self.engine.module.train()
-        for _ in range(actor.ppo_epochs):
-            for mini in mini_batches(batch, mini_rows, shuffle=actor.shuffle, generator=self.shuffle_gen):
-                metrics = self._update_mini_batch(mini)
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                updates += 1
-        out = {key: value / updates for key, value in sums.items()}
-        out["actor/lr"] = self.engine.lr()
-        return out
-
-    def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
-        n_tok, n_seq = global_counts(mini["response_mask"])
-        parts = micro_batches(mini, self.plan)
-        shares: dict[str, torch.Tensor] = {}
-        for i, part in enumerate(parts):
-            with self.engine.grad_sync(i == len(parts) - 1):
-                loss, metrics = self._micro_batch_loss(part, n_tok, n_seq)
-                # Engines average gradients over ranks; the loss is a rank's share of a sum.
-                self.engine.backward(loss * self.ctx.world_size)
-            for key, value in metrics.items():
-                shares[key] = shares.get(key, 0.0) + value
-        grad_norm = self.engine.step(self.cfg.actor_rollout_ref.actor.grad_clip)
-        if not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"actor gradient norm is {float(grad_norm)}; the update was skipped")
-        reduced = all_reduce_sum(shares)
-        reduced["actor/grad_norm"] = float(grad_norm)
-        return reduced
+        return run_update(self.engine, batch, self.plan, mini_rows=mini_rows, epochs=actor.ppo_epochs,
+                          shuffle=actor.shuffle, generator=self.shuffle_gen, world_size=self.ctx.world_size,
+                          grad_clip=actor.grad_clip, loss_fn=self._micro_batch_loss, prefix="actor")
 
     def _micro_batch_loss(self, part: Batch, n_tok: torch.Tensor, n_seq: torch.Tensor
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

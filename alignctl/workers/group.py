@@ -44,6 +44,10 @@ class DistContext:
     backend: str
 
 
+# DeepSpeed (imported by transformers when installed) prints an accelerator banner without this.
+WORKER_ENV = {"DS_ACCELERATOR_LOG_LEVEL": "error", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
@@ -56,6 +60,7 @@ class _Worker:
     def __init__(self, rank: int, world_size: int, device: str, threads: int) -> None:
         self.rank, self.world_size, self.device, self.threads = rank, world_size, device, threads
         self.roles: dict[str, Any] = {}
+        _quiet_libraries()
 
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
@@ -89,6 +94,17 @@ class _Worker:
             dist.destroy_process_group()
 
 
+def _quiet_libraries() -> None:
+    """Worker logs reach the user's console through Ray: keep only warnings that matter."""
+    import warnings
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+
+
 @dataclass
 class ResourcePool:
     """``world_size`` workers, each with ``cpus`` cores and ``gpus`` GPUs (0 on CPU)."""
@@ -114,6 +130,7 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=pool.cpus, num_gpus=pool.gpus, name=f"{pool.name}-rank{rank}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, rank),
+                runtime_env={"env_vars": WORKER_ENV},
             ).remote(rank, pool.world_size, device, pool.cpus)
             for rank in range(pool.world_size)
         ]

@@ -73,9 +73,6 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
         model.config.use_cache = False
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     engine = make_engine(arr.actor.strategy, model, world_size=ctx.world_size)
-    if arr.actor.strategy == "ddp" and getattr(engine, "ddp", None) is not None:
-        # The packed forward reads model.config to pick the attention inputs; expose it on the wrapper.
-        engine.ddp.config = model.config
     attach_optimizer(engine, model, arr.actor.optim, total_steps)
     ref_strategy = "fsdp2" if arr.actor.strategy == "fsdp2" else "none"
     ref_engine = make_engine("fsdp2", ref, world_size=ctx.world_size) if ref_strategy == "fsdp2" \
@@ -95,9 +92,11 @@ def save_hf_folder(policy: Policy, path: str, *, is_writer: bool) -> None:
         model = policy.model
         config = copy.deepcopy(model.config)
         config.use_cache = True
-        cls = type(model).__mro__[1] if type(model).__name__.startswith("FSDP") else type(model)
+        from transformers import AutoModelForCausalLM
+
+        # A fresh unwrapped module (FSDP2 swaps the class of the trained one) to hold the full weights.
         with torch.device("meta"):
-            plain = cls(config)
+            plain = AutoModelForCausalLM.from_config(config)
         plain.load_state_dict(state, assign=True)
         plain.generation_config.eos_token_id = policy.eos_ids
         plain.generation_config.pad_token_id = policy.pad_id

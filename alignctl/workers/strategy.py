@@ -92,6 +92,9 @@ class DDPEngine(TrainEngine):
     def __init__(self, model: nn.Module, world_size: int) -> None:
         super().__init__(model, world_size)
         self.ddp = nn.parallel.DistributedDataParallel(model) if world_size > 1 else None
+        if self.ddp is not None and hasattr(model, "config"):
+            # The packed forward reads module.config to choose attention inputs; expose it on the wrapper.
+            self.ddp.config = model.config
 
     @property
     def module(self) -> nn.Module:

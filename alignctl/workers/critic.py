@@ -1,0 +1,72 @@
+"""The critic role: a value model (LM backbone + scalar head) trained on GAE returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from alignctl.algos import compute_value_loss
+from alignctl.batch import Batch
+from alignctl.config.core import build_config
+from alignctl.config.rl import RLConfig
+from alignctl.models.forward import compute_values
+from alignctl.models.loading import load_value_model
+from alignctl.workers.group import DistContext
+from alignctl.workers.microbatching import MicroBatchPlan
+from alignctl.workers.model_setup import attach_optimizer
+from alignctl.workers.strategy import make_engine
+from alignctl.workers.update_loop import run_update
+
+
+class CriticWorker:
+    """Role ``critic``: ``compute_values``, ``update_critic``."""
+
+    def __init__(self, ctx: DistContext, config: dict[str, Any], total_steps: int) -> None:
+        self.ctx = ctx
+        self.cfg: RLConfig = build_config(RLConfig, config)
+        critic = self.cfg.critic
+        arr = self.cfg.actor_rollout_ref
+        torch.manual_seed(self.cfg.trainer.seed + 1)
+        model = load_value_model(critic.model.path or arr.model.path, dtype=arr.model.dtype,
+                                 attn_implementation=arr.model.attn_implementation)
+        if ctx.device == "cuda":
+            model = model.cuda()
+        if critic.model.enable_gradient_checkpointing:
+            model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = model
+        self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size)
+        attach_optimizer(self.engine, model, critic.optim, total_steps)
+        self.plan = MicroBatchPlan(critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
+                                   critic.ppo_max_token_len_per_gpu)
+        self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 7 + ctx.rank)
+
+    def _values(self, model: Any, part: Batch) -> torch.Tensor:
+        return compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
+                              position_ids=part["position_ids"],
+                              use_remove_padding=self.cfg.critic.model.use_remove_padding)
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        micro = self.cfg.critic.ppo_micro_batch_size_per_gpu or len(batch)
+        with self.engine.gathered() as model:
+            values = torch.cat([self._values(model, part) for part in batch.split(micro)])
+        return Batch({"values": values * batch["response_mask"]})
+
+    def _loss(self, part: Batch, n_tok: torch.Tensor, n_seq: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        critic = self.cfg.critic
+        vpreds = self._values(self.engine.module, part)
+        loss, clipfrac = compute_value_loss(
+            vpreds, part["returns"], part["values"], part["response_mask"], critic.cliprange_value,
+            critic.loss_agg_mode, global_num_tokens=n_tok, global_num_seqs=n_seq,
+            norm_length=self.cfg.data.max_response_length)
+        return loss, {"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": clipfrac}
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        critic, actor = self.cfg.critic, self.cfg.actor_rollout_ref.actor
+        prompts = critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
+        mini_rows = prompts * self.cfg.actor_rollout_ref.rollout.n // self.ctx.world_size
+        return run_update(self.engine, batch, self.plan, mini_rows=mini_rows,
+                          epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
+                          generator=self.shuffle_gen, world_size=self.ctx.world_size,
+                          grad_clip=critic.grad_clip, loss_fn=self._loss, prefix="critic")
