@@ -1,0 +1,111 @@
+"""Anthropic HH-RLHF -> preference rows.
+
+Each source pair holds two full transcripts (``\\n\\nHuman: ...\\n\\nAssistant: ...``) that share
+the dialogue up to the last ``\\n\\nAssistant:`` and differ in the final reply. The shared part
+becomes ``prompt`` (user/assistant messages), the two final replies ``chosen`` / ``rejected``.
+Pairs that do not fit that shape are dropped and counted by reason, never silently:
+
+- ``no_assistant_turn``: a transcript has no ``\\n\\nAssistant:`` at all;
+- ``ends_with_human_turn``: a transcript ends in a human turn, so there is no final reply;
+- ``prefix_mismatch``: the dialogues before the final replies differ;
+- ``empty_reply`` / ``identical_replies``: nothing to prefer;
+- ``text_before_first_turn`` / ``empty_turn`` / ``prompt_not_ending_in_user``: the shared
+  dialogue does not parse into turns that end with the user speaking.
+
+Consecutive turns of the same speaker (a handful of transcripts have two ``Assistant:`` turns in
+a row) are merged into one message joined by a blank line: chat templates require alternation,
+and no text is lost.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from alignctl.data.preprocess.common import Context
+from alignctl.data.readers import Record, read_records, split_files
+from alignctl.data.schema import Message, assistant
+
+DATA_SOURCE = "Anthropic/hh-rlhf"
+HUMAN = "\n\nHuman:"
+ASSISTANT = "\n\nAssistant:"
+FIELDS = {"chosen": str, "rejected": str}
+_TURN = re.compile(r"\n\n(Human|Assistant):")
+
+
+class Unsplittable(ValueError):
+    """A pair that cannot become (prompt, chosen, rejected); ``reason`` is the count key."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def parse_turns(dialogue: str) -> list[Message]:
+    """``\\n\\nHuman: a\\n\\nAssistant: b...`` -> [{user, a}, {assistant, b}, ...]."""
+    parts = _TURN.split(dialogue)
+    if parts[0].strip():
+        raise Unsplittable("text_before_first_turn")
+    turns: list[Message] = []
+    for speaker, text in zip(parts[1::2], parts[2::2]):
+        role = "user" if speaker == "Human" else "assistant"
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] = (turns[-1]["content"] + "\n\n" + text.strip()).strip()
+        else:
+            turns.append({"role": role, "content": text.strip()})
+    if any(not turn["content"] for turn in turns):
+        raise Unsplittable("empty_turn")
+    return turns
+
+
+def _final_reply(transcript: str) -> tuple[str, str]:
+    """(dialogue before the last Assistant marker, the final reply)."""
+    cut = transcript.rfind(ASSISTANT)
+    if cut < 0:
+        raise Unsplittable("no_assistant_turn")
+    reply = transcript[cut + len(ASSISTANT):]
+    if HUMAN in reply:
+        raise Unsplittable("ends_with_human_turn")
+    return transcript[:cut], reply.strip()
+
+
+def split_pair(chosen: str, rejected: str) -> tuple[list[Message], str, str]:
+    """(prompt messages, chosen reply, rejected reply) of one HH pair, or :class:`Unsplittable`."""
+    chosen_dialogue, chosen_reply = _final_reply(chosen)
+    rejected_dialogue, rejected_reply = _final_reply(rejected)
+    if chosen_dialogue != rejected_dialogue:
+        raise Unsplittable("prefix_mismatch")
+    if not chosen_reply or not rejected_reply:
+        raise Unsplittable("empty_reply")
+    if chosen_reply == rejected_reply:
+        raise Unsplittable("identical_replies")
+    prompt = parse_turns(chosen_dialogue)
+    if not prompt or prompt[-1]["role"] != "user":
+        raise Unsplittable("prompt_not_ending_in_user")
+    return prompt, chosen_reply, rejected_reply
+
+
+def make_row(prompt: list[Message], chosen: str, rejected: str) -> dict[str, Any]:
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": prompt,
+        "chosen": [assistant(chosen)],
+        "rejected": [assistant(rejected)],
+        "extra_info": {},
+    }
+
+
+def build(ctx: Context) -> None:
+    assert ctx.cfg.input is not None  # PreprocessConfig.validate requires it for hh-rlhf
+    pools: dict[str, list[Record]] = {}
+    for split, path in split_files(ctx.cfg.input).items():
+        pool = pools.setdefault(split, [])
+        for record in ctx.track(read_records(path, ctx.bad, FIELDS), f"hh-rlhf {split}"):
+            try:
+                prompt, chosen, rejected = split_pair(record.data["chosen"], record.data["rejected"])
+            except Unsplittable as exc:
+                ctx.drop(exc.reason)
+                continue
+            ctx.emit("preference", record.where, make_row(prompt, chosen, rejected), pool, split)
+    for split, rows in ctx.split_pools(pools).items():
+        ctx.write(f"{split}.parquet", "preference", split, rows)

@@ -1,0 +1,188 @@
+"""Reading raw input rows (jsonl, jsonl.gz, parquet, csv) with errors that name the file and line.
+
+Every malformed row goes through :class:`BadRows`: without ``skip_bad_rows`` the first one raises
+``UserError("FILE:LINE: what was expected")``; with it, the row is skipped and counted by reason,
+and the first few are kept as examples for the report. Problems with the file as a whole
+(missing, empty, unreadable, unknown format) always raise.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alignctl.errors import UserError
+
+# Per split, the file names looked for inside an input folder, in this order.
+SPLIT_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".csv")
+FORMATS = "jsonl, jsonl.gz, parquet or csv"
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+               list: "a list", dict: "an object"}
+
+
+@dataclass
+class Record:
+    """One raw input row and where it came from (``FILE:LINE`` or ``FILE:row N``)."""
+
+    where: str
+    data: dict[str, Any]
+
+
+@dataclass
+class BadRows:
+    """Raise on the first bad row, or (``skip=True``) count it by reason and keep a few examples."""
+
+    skip: bool = False
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    max_examples: int = 5
+
+    def bad(self, where: str, reason: str, message: str) -> None:
+        text = f"{where}: {message}"
+        if not self.skip:
+            raise UserError(text)
+        self.counts[reason] += 1
+        if len(self.examples) < self.max_examples:
+            self.examples.append(text)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    shown = repr(value)
+    return f"{type(value).__name__} {shown[:40] + '...' if len(shown) > 40 else shown}"
+
+
+def check_fields(data: dict[str, Any], required: Mapping[str, type],
+                 optional: Mapping[str, type] | None = None) -> tuple[str, str] | None:
+    """(reason, message) for the first missing / mistyped field, or None when the row is fine.
+    Optional fields may be absent or null."""
+    for name, tp in required.items():
+        if name not in data:
+            return f"missing_field:{name}", f"missing field {name!r} (expected {_TYPE_NAMES[tp]})"
+    for name, tp in {**required, **(optional or {})}.items():
+        value = data.get(name)
+        if name not in required and value is None:
+            continue
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            return (f"wrong_type:{name}",
+                    f"field {name!r} expected {_TYPE_NAMES[tp]}, got {_describe(value)}")
+    return None
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as fh:
+            yield from enumerate(fh, start=1)
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise UserError(f"{path}: cannot read file ({exc})") from None
+
+
+def _read_jsonl(path: Path, bad: BadRows) -> Iterator[Record]:
+    seen = False
+    for line_no, raw in _jsonl_lines(path):
+        where = f"{path}:{line_no}"
+        if not raw.strip():
+            continue  # blank lines (a trailing newline, spacing) carry no row
+        seen = True
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            bad.bad(where, "invalid_utf8", "line is not valid UTF-8 text")
+            continue
+        except json.JSONDecodeError as exc:
+            bad.bad(where, "invalid_json", f"expected one JSON object per line, got invalid JSON ({exc.msg})")
+            continue
+        if not isinstance(data, dict):
+            bad.bad(where, "not_object", f"expected a JSON object per line, got {type(data).__name__}")
+            continue
+        yield Record(where, data)
+    if not seen:
+        raise UserError(f"{path}: empty file, expected JSON lines (one object per line)")
+
+
+def _read_parquet(path: Path) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses for corrupt files
+        raise UserError(f"{path}: cannot read parquet file ({exc})") from None
+    if not rows:
+        raise UserError(f"{path}: empty file, expected parquet rows")
+    for i, row in enumerate(rows, start=1):
+        yield Record(f"{path}:row {i}", row)
+
+
+def _read_csv(path: Path) -> Iterator[Record]:
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            if not reader.fieldnames:
+                raise UserError(f"{path}: empty file, expected a CSV header line and rows")
+            seen = False
+            for row in reader:
+                seen = True
+                # line_num is the physical line where this record ended (quoted fields may span lines).
+                yield Record(f"{path}:{reader.line_num}", {k: v for k, v in row.items() if k is not None})
+            if not seen:
+                raise UserError(f"{path}: empty file, expected CSV rows after the header line")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: cannot read file (not UTF-8 text)") from None
+
+
+def read_records(path: str | Path, bad: BadRows, required: Mapping[str, type] | None = None,
+                 optional: Mapping[str, type] | None = None) -> Iterator[Record]:
+    """Rows of a jsonl / jsonl.gz / parquet / csv file whose ``required`` fields are present with
+    the given types (``optional`` ones typed when present); other rows go to ``bad``."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: input file not found")
+    if path.is_dir():
+        raise UserError(f"{path}: expected a file ({FORMATS}), got a folder")
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        records = _read_jsonl(path, bad)
+    elif name.endswith(".parquet"):
+        records = _read_parquet(path)
+    elif name.endswith(".csv"):
+        records = _read_csv(path)
+    else:
+        raise UserError(f"{path}: unknown input format, expected {FORMATS}")
+    for record in records:
+        problem = check_fields(record.data, required or {}, optional)
+        if problem is not None:
+            bad.bad(record.where, *problem)
+            continue
+        yield record
+
+
+def split_files(path: str | Path, splits: tuple[str, ...] = ("train", "test")) -> dict[str, Path]:
+    """Input files by split name: a file is the single split ``train``; a folder holds
+    ``<split>.jsonl`` (or .jsonl.gz / .parquet / .csv) per split, at least one of them."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: input not found (expected a file or a folder)")
+    if path.is_file():
+        return {"train": path}
+    found: dict[str, Path] = {}
+    for split in splits:
+        candidates = [path / f"{split}{suffix}" for suffix in SPLIT_SUFFIXES
+                      if (path / f"{split}{suffix}").is_file()]
+        if len(candidates) > 1:
+            names = ", ".join(c.name for c in candidates)
+            raise UserError(f"{path}: ambiguous input for split {split!r} ({names}); keep only one")
+        if candidates:
+            found[split] = candidates[0]
+    if not found:
+        expected = ", ".join(f"{s}.jsonl" for s in splits)
+        raise UserError(f"{path}: no input files found, expected {expected} (or .jsonl.gz/.parquet/.csv)")
+    return found
