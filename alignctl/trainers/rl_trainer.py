@@ -124,7 +124,7 @@ class RLTrainer:
         rewards, kl = kl_penalized_rewards(scores, batch["old_log_probs"], batch["ref_log_prob"],
                                            batch["response_mask"], self.kl_ctrl.value, self.cfg.algorithm.kl_penalty)
         metrics = {"actor/reward_kl_penalty": float(kl), "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
-        self.kl_ctrl.update(float(kl), n_steps=len(batch) // self.cfg.actor_rollout_ref.rollout.n)
+        self.kl_ctrl.update(float(kl), n_steps=len(batch))  # responses, as verl counts them
         return batch.union(Batch({"token_level_rewards": rewards})), metrics
 
     def update(self, role: str, method: str, batch: Batch) -> dict[str, float]:
