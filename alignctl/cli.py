@@ -105,6 +105,35 @@ def preprocess(
     print_preprocess_report(report)
 
 
+# ------------------------------------------------------------------------------ init-model
+
+
+@app.command("init-model")
+def init_model(
+    out: Annotated[str, typer.Option("--out", "-o", help="Output model folder (HF format).")],
+    tokenizer_from: Annotated[list[str], typer.Option("--tokenizer-from", help="Parquet/jsonl file(s) or folder(s) whose text trains the tokenizer.")],
+    arch: Annotated[str, typer.Option(help="Architecture (llama).")] = "llama",
+    hidden: Annotated[int, typer.Option(help="Hidden size.")] = 64,
+    layers: Annotated[int, typer.Option(help="Decoder layers.")] = 2,
+    heads: Annotated[Optional[int], typer.Option(help="Attention heads (default hidden // 64).")] = None,
+    intermediate: Annotated[Optional[int], typer.Option(help="MLP width (default ~8/3 hidden).")] = None,
+    vocab_size: Annotated[int, typer.Option(help="BPE vocabulary target.")] = 2048,
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="bpe | char (char suits the arith task).")] = "bpe",
+    max_positions: Annotated[int, typer.Option(help="Maximum sequence length.")] = 1024,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder.")] = False,
+) -> None:
+    """Train a tokenizer on local data and save a randomly initialised tiny model (offline)."""
+    from alignctl.models.tiny import init_model as build
+
+    if tokenizer not in ("bpe", "char"):
+        raise UserError(f"--tokenizer expected bpe or char, got {tokenizer!r}")
+    info = build(out=out, tokenizer_from=tokenizer_from, arch=arch, hidden=hidden, layers=layers, heads=heads,
+                 intermediate=intermediate, vocab_size=vocab_size, tokenizer_kind=tokenizer,  # type: ignore[arg-type]
+                 max_position_embeddings=max_positions, seed=seed, overwrite=overwrite)
+    typer.echo(f"wrote {info.path}: {info.num_parameters:,} parameters, vocabulary {info.vocab_size} ({info.tokenizer_kind})")
+
+
 # ------------------------------------------------------------------------------ RL
 
 

@@ -166,6 +166,8 @@ class RewardModelConfig:
     micro_batch_size_per_gpu: int | None = field(None, help="Pairs per reward-model forward.")
     normalize: bool = field(True, help="Normalise RM scores with the mean/std saved by train-rm.")
     reward_manager: str = field("naive", help="Rule/custom reward manager.", choices=("naive", "batch", "dapo"))
+    num_workers: int = field(0, help="Processes scoring responses in parallel (0: in the controller).")
+    timeout_s: float = field(10.0, help="Hard per-item scoring timeout (seconds); a timed-out item scores 0.")
     rule_weight: float = field(1.0, help="Weight of the rule/custom score when an RM is also used.")
     rm_weight: float = field(1.0, help="Weight of the RM score.")
     overlong_buffer_len: int = field(0, help="dapo: length of the overlong penalty ramp (0: off).")

@@ -28,7 +28,8 @@ class RewardComputer:
         if rm.reward_manager == "dapo":
             options = {"max_resp_len": cfg.data.max_response_length, "overlong_buffer_len": rm.overlong_buffer_len,
                        "overlong_penalty_factor": rm.overlong_penalty_factor}
-        self.manager = build_reward_manager(rm.reward_manager, compute_score=fn, **options)
+        self.manager = build_reward_manager(rm.reward_manager, compute_score=fn, num_workers=rm.num_workers,
+                                            timeout_s=rm.timeout_s, **options)
         self.model_scorer = None  # set by the trainer when reward_model.enable (scores via the RM worker)
         self.rule_weight = rm.rule_weight if rm.enable else 1.0
         self.rm_weight = rm.rm_weight
@@ -45,7 +46,7 @@ class RewardComputer:
             response_width=batch["responses"].shape[1], extra_infos=batch["extra_info"],
             response_mask=batch["response_mask"]))
         scores = out.token_level_scores.float() * self.rule_weight
-        metrics = {"reward/num_timeouts": float(out.num_timeouts)}
+        metrics = {"reward/num_timeouts": float(out.num_timeouts), "reward/num_crashes": float(out.num_crashes)}
         for key, values in out.extra.items():
             numeric = [float(v) for v in values if isinstance(v, (int, float))]
             if numeric:
