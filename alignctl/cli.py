@@ -27,6 +27,8 @@ config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 _DEBUG_ENV = "ALIGNCTL_DEBUG"
+# typer vendors click; its usage-error base class is only reachable through a public subclass.
+_UsageError = typer.BadParameter.__mro__[1]
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file of config overrides.")]
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(help="Dotted overrides: key.sub=value ...")]
@@ -173,15 +175,27 @@ def _fail(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning user errors into one line and exit status 2."""
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get(_DEBUG_ENV))
+    args = list(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in args or bool(os.environ.get(_DEBUG_ENV))
     try:
-        app(args=argv, standalone_mode=True)
+        code = app(args=args, standalone_mode=False, prog_name="alignctl")
+    except _UsageError as exc:
+        if exc.ctx is not None and type(exc).__name__ == "NoArgsIsHelpError":
+            typer.echo(exc.ctx.get_help())
+            return
+        # typer's own parsing errors (bad flag value, missing option): one line, like ours.
+        where = exc.ctx.command_path if exc.ctx is not None else "alignctl"
+        _fail(f"{exc.format_message()} (see '{where} --help')")
+    except typer.Abort:
+        _fail("aborted")
     except UserError as exc:
         if debug:
             raise
         _fail(str(exc))
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+    except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         # OS errors that reach here are about a path the user gave; name it, no traceback.
         if debug:
             raise
         _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
