@@ -136,3 +136,22 @@ def _prompt_batch(group: WorkerGroup, assets) -> Batch:
     prompts.meta.update(n=2, do_sample=True, temperature=1.0, top_p=1.0, top_k=-1, seed=3,
                         prompt_width=max(len(p) for p in prompts["prompt_ids"]))
     return prompts
+
+
+def test_scores_stay_attached_to_their_responses_after_balancing(assets, tmp_path):
+    """Scoring runs in the background in generation order while the batch is re-ordered for load
+    balance: every row's score must still be the reward of that row's own response."""
+    from alignctl.models.loading import load_tokenizer
+
+    cfg = rl_config(assets, tmp_path / "run", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1",
+                    "actor_rollout_ref.rollout.n=4", "trainer.balance_batch=true")
+    trainer = RLTrainer(cfg)
+    trainer.fit()
+    batch = trainer.last_batch
+    tokenizer = load_tokenizer(assets["model"], padding_side="left")
+    lengths = batch["response_mask"].sum(-1).tolist()
+    texts = tokenizer.batch_decode([r[:n] for r, n in zip(batch["responses"].tolist(), lengths)], skip_special_tokens=True)
+    expected = [sum(c.isdigit() for c in t) / len(t) if t else 0.0 for t in texts]  # DIGIT_REWARD, by hand
+    scores = batch["token_level_scores"].sum(-1).tolist()
+    assert len(set(round(e, 6) for e in expected)) > 1  # responses differ, so a shuffle would show
+    assert scores == pytest.approx(expected, abs=1e-6)

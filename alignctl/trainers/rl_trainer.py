@@ -51,6 +51,7 @@ class RLTrainer:
                                           horizon=cfg.algorithm.kl_ctrl.horizon)
         self.global_step = 0
         self.workers = None
+        self.last_batch: Batch | None = None
         self.need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
     # ------------------------------------------------------------------ the step
@@ -60,8 +61,8 @@ class RLTrainer:
         with timer("step"):
             with timer("gen"):
                 batch, pending_reward = self.collect_batch(prompts, timer)
-            if self.cfg.trainer.balance_batch:
-                batch = self.balance(batch)
+            order = self.balance_order(batch)
+            batch = batch.index(order)
             with timer("old_log_prob"):
                 batch = batch.union(self.workers.split("actor", "compute_log_prob", batch.select(LOGP_INPUTS)))
             if self.need_ref:
@@ -71,7 +72,8 @@ class RLTrainer:
                 with timer("values"):
                     batch = batch.union(self.workers.split("critic", "compute_values", batch.select(LOGP_INPUTS)))
             with timer("reward"):
-                batch = batch.union(pending_reward.result())
+                # Scored in generation order: put the scores in the balanced order of the batch.
+                batch = batch.union(pending_reward.result().index(order))
             batch, metrics = self.apply_kl_in_reward(batch)
             with timer("adv"):
                 batch = batch.union(compute_advantage(batch, self.cfg.algorithm))
@@ -81,6 +83,7 @@ class RLTrainer:
             if self.global_step >= self.cfg.trainer.critic_warmup:
                 with timer("update_actor"):
                     metrics |= self.update("actor", "update_actor", batch)
+        self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.world_size)
         return metrics
@@ -113,9 +116,11 @@ class RLTrainer:
         baseline = torch.tensor([by_uid[int(u)] for u in batch["group_index"]])
         return batch.union(Batch({"baseline_rewards": baseline}))
 
-    def balance(self, batch: Batch) -> Batch:
-        order = balance_batch(batch["attention_mask"].sum(-1).tolist(), self.workers.world_size)
-        return batch.index(order)
+    def balance_order(self, batch: Batch) -> list[int]:
+        """Row order giving every worker the same token count (identity when balancing is off)."""
+        if not self.cfg.trainer.balance_batch:
+            return list(range(len(batch)))
+        return balance_batch(batch["attention_mask"].sum(-1).tolist(), self.workers.world_size)
 
     def apply_kl_in_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         scores = batch["token_level_scores"]
