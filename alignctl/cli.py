@@ -76,6 +76,20 @@ def config_show(
     typer.echo(to_yaml(load_config(schema, config, overrides or [])), nl=False)
 
 
+@config_app.command("reference")
+def config_reference(
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """Print (or write) the Markdown reference of every stage's config keys."""
+    from alignctl.config.reference import render_reference
+
+    text = render_reference()
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+
+
 # ------------------------------------------------------------------------------ preprocess
 
 

@@ -124,3 +124,12 @@ def test_cli_config_errors_are_one_line_exit_2(tmp_path):
 def test_cli_version():
     result = run_cli("--version")
     assert result.code == 0 and result.stdout.startswith("alignctl ")
+
+
+def test_docs_config_reference_is_up_to_date():
+    """docs/config.md is generated from the schemas; regenerate with
+    `alignctl config reference --out docs/config.md` when this fails."""
+    from alignctl.config.reference import render_reference
+    from conftest import REPO_ROOT
+
+    assert (REPO_ROOT / "docs" / "config.md").read_text(encoding="utf-8") == render_reference()
