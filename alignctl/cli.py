@@ -175,6 +175,33 @@ def grpo(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
     _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}})
 
 
+# ------------------------------------------------------------------------------ eval
+
+
+@app.command("eval")
+def eval_(
+    overrides: OverridesArg = None,
+    policy: Annotated[Optional[str], typer.Option(help="Policy model folder.")] = None,
+    reference: Annotated[Optional[str], typer.Option(help="Reference model folder (win rate is policy vs this).")] = None,
+    reward_model: Annotated[Optional[str], typer.Option("--reward-model", help="Reward model folder.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="RL prompt parquet (preprocess output).")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", help="Samples per prompt (pass@k / maj@k).")] = None,
+    preference_data: Annotated[Optional[str], typer.Option(help="Held-out preference parquet (RM consistency).")] = None,
+    run: Annotated[Optional[str], typer.Option(help="RL run folder whose curves go into the report.")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Report folder.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Win rate (with CI, length-controlled), rewards, accuracy and an HTML report."""
+    from alignctl.config import load_config
+    from alignctl.config.eval import EvalConfig
+    from alignctl.eval import print_eval_report, run_eval
+
+    flags = {"policy": policy, "reference": reference, "reward_model": reward_model, "prompts": prompts, "n": n,
+             "preference_data": preference_data, "run": run, "out": out}
+    cfg = load_config(EvalConfig, config, overrides or [], flags=flags)
+    print_eval_report(run_eval(cfg, progress=_interactive()))
+
+
 # ------------------------------------------------------------------------------ entry point
 
 

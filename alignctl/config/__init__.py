@@ -12,6 +12,7 @@ STAGE_SCHEMAS: dict[str, str] = {
     "preprocess": "alignctl.config.preprocess:PreprocessConfig",
     "ppo": "alignctl.config.rl:RLConfig",
     "grpo": "alignctl.config.rl:RLConfig",
+    "eval": "alignctl.config.eval:EvalConfig",
 }
 
 

@@ -46,6 +46,9 @@ def atomic_output_dir(dest: str | os.PathLike[str], *, overwrite: bool = True) -
     except OSError as exc:
         raise UserError(f"{dest}: cannot create output folder ({exc.strerror})") from None
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the artifact should read like any new folder
     try:
         yield tmp
     except BaseException:

@@ -1,0 +1,61 @@
+"""Config schema of the reward-model stage (``alignctl train-rm``), run on ``trl.RewardTrainer``.
+
+The model, optimizer and loop sections are the SFT stage's (same keys, same meaning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alignctl.config.core import field, section
+from alignctl.config.sft import ModelConfig, OptimConfig, SFTTrainerConfig, check_loop_keys
+from alignctl.errors import UserError
+
+
+@dataclass
+class RMDataConfig:
+    """Preference pairs: parquet files with prompt, chosen and rejected columns."""
+
+    train_files: list[str] = field(default_factory=list, help="Training preference parquet file(s). Required "
+                                                              "by `alignctl train-rm` (the Python API takes a dataset).")
+    val_files: list[str] = field(default_factory=list, help="Held-out preference parquet file(s); none: "
+                                                            "data.val_fraction of the training pairs is held out.")
+    val_fraction: float = field(0.1, help="Held-out fraction of the training pairs when no val_files are "
+                                          "given (0: no held-out evaluation).")
+    max_length: int | None = field(512, help="Pairs whose chosen or rejected sequence (prompt included) is "
+                                             "longer than this many tokens are dropped and counted (null: keep all).")
+    max_samples: int | None = field(None, help="Use at most this many training pairs (quick runs).")
+    margin_key: str | None = field("margin", help="Column holding a per-pair margin for the Bradley-Terry loss, "
+                                                  "used when present (null: never use a margin).")
+
+
+@dataclass
+class RewardModelConfig:
+    """Train a scalar reward model (sequence classifier, one label) on chosen/rejected pairs."""
+
+    model: ModelConfig = section(ModelConfig, help="Starting checkpoint: a causal LM (SFT or init-model "
+                                                   "output) gets a new score head; a reward model keeps its own.")
+    data: RMDataConfig = section(RMDataConfig, help="Preference data.")
+    optim: OptimConfig = section(OptimConfig, help="Optimizer.")
+    trainer: SFTTrainerConfig = section(SFTTrainerConfig, help="Training loop.")
+    output_dir: str = field("runs/reward_model", help="Output reward-model folder (written atomically).")
+    center_rewards_coefficient: float | None = field(None, help="Weight of the mean((r_chosen + r_rejected)^2) "
+                                                               "term that centres rewards on 0 (TRL; 0.01 is usual).")
+    calibration_edges: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0],
+                                           help="Bucket edges of |r_chosen - r_rejected| for the held-out "
+                                                "calibration table (accuracy by margin bucket).")
+
+    def validate(self) -> None:
+        if not self.model.path:
+            raise UserError("train-rm: key 'model.path' is required (a Hugging Face model folder)")
+        check_loop_keys(self.trainer, self.data.max_length, self.optim.lr, self.optim.warmup_ratio)
+        if not 0.0 <= self.data.val_fraction < 1.0:
+            raise UserError(f"key 'data.val_fraction' expected a number in [0, 1), got {self.data.val_fraction}")
+        if self.data.max_samples is not None and self.data.max_samples <= 0:
+            raise UserError(f"key 'data.max_samples' expected a positive integer, got {self.data.max_samples}")
+        edges = self.calibration_edges
+        if any(e <= 0 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise UserError(f"key 'calibration_edges' expected increasing positive numbers, got {edges}")
+        if self.center_rewards_coefficient is not None and self.center_rewards_coefficient < 0:
+            raise UserError(f"key 'center_rewards_coefficient' expected a number >= 0, "
+                            f"got {self.center_rewards_coefficient}")

@@ -1,0 +1,84 @@
+"""Training curves of an RL run folder (``metrics.jsonl``, one ``{"step": N, key: value}`` per step).
+
+Panels follow what a person checks first after an RL run: did the reward go up, and did its
+distribution move (p10/p50/p90: a p90 racing ahead of the median is the typical sign of reward
+hacking)? How far did the policy drift from the reference (KL)? Did entropy collapse? Did
+responses grow (a length-hacking reward model)? And did held-out accuracy follow?
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from alignctl.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
+
+Series = list[tuple[float, float]]  # (step, value)
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    keys: tuple[str, ...] = ()
+    pattern: str | None = None  # a regex picking keys (validation accuracy per data source)
+
+
+PANELS = (
+    Panel("Reward (mean, p10 / p50 / p90)", ("critic/score/mean", "reward/p10", "reward/p50", "reward/p90")),
+    Panel("KL to reference", ("actor/reference_kl", "actor/kl_loss")),
+    Panel("Entropy", ("actor/entropy",)),
+    Panel("Response length (tokens)", ("response_length/mean",)),
+    Panel("Validation accuracy", pattern=r"^val-core/.+/acc/(mean|best|maj)@\d+$"),
+)
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, Series]:
+    """Every numeric metric of the run as a series over steps (non-finite values dropped)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not Path(run_dir).is_dir():
+        raise UserError(f"{run_dir}: run folder not found (key 'run'); expected an RL run folder with {METRICS_FILE}")
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {METRICS_FILE} (key 'run'); expected an RL run folder written by "
+                        "'alignctl ppo' / 'alignctl grpo'")
+    series: dict[str, Series] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg}); expected one object per line") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+            raise UserError(f"{path}:{lineno}: expected an object with a numeric 'step'")
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                series.setdefault(key, []).append((float(row["step"]), float(value)))
+    return series
+
+
+def panel_series(series: dict[str, Series]) -> list[tuple[str, dict[str, Series]]]:
+    """The panels that have data: (title, {key: series})."""
+    out = []
+    for panel in PANELS:
+        keys = [k for k in panel.keys if k in series]
+        if panel.pattern:
+            keys += sorted(k for k in series if re.match(panel.pattern, k))
+        if keys:
+            out.append((panel.title, {k: series[k] for k in keys}))
+    return out
+
+
+def summarize(panels: list[tuple[str, dict[str, Series]]]) -> dict[str, dict[str, float]]:
+    """First / last / min / max of each plotted series (the report's curve table)."""
+    out = {}
+    for _, group in panels:
+        for key, points in group.items():
+            values = [v for _, v in points]
+            out[key] = {"first": values[0], "last": values[-1], "min": min(values), "max": max(values),
+                        "steps": float(len(values))}
+    return out

@@ -1,0 +1,154 @@
+"""The eval report: ``results.json``, ``report.md``, a self-contained ``report.html`` and PNG plots.
+
+Templates are jinja2 files in the repository's ``templates/`` folder (``report.html.j2``,
+``report.md.j2``). The HTML environment autoescapes everything, so model responses (which may hold
+``<script>`` or any markup) are shown as text; images are embedded as base64 ``data:`` URIs and the
+CSS is inline, so the file opens anywhere, offline, without the plots folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from alignctl.eval import plots
+from alignctl.eval.curves import PANELS
+from alignctl.eval.results import EvalResults
+
+TEMPLATE_DIRS = (
+    Path(__file__).resolve().parents[2] / "templates",  # a source checkout / editable install
+    Path(__file__).resolve().parents[1] / "resources" / "templates",  # packaged copy, when shipped
+)
+HTML_TEMPLATE = "report.html.j2"
+MD_TEMPLATE = "report.md.j2"
+
+
+def _template_dir() -> Path:
+    for folder in TEMPLATE_DIRS:
+        if (folder / HTML_TEMPLATE).is_file():
+            return folder
+    raise FileNotFoundError(f"eval report templates not found in {', '.join(map(str, TEMPLATE_DIRS))}")
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Numbers for people: None -> an em dash, floats rounded, ints as ints."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer() and abs(value) > 100):
+        return f"{int(value):,}"
+    return f"{float(value):.{digits}f}"
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def md_fence(text: str) -> str:
+    """A fenced block that no run of backticks inside ``text`` can close early."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _environment(html: bool) -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())), autoescape=html,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(fmt=fmt, pct=pct, md_fence=md_fence)
+    return env
+
+
+# ----------------------------------------------------------------------------------- plots
+
+
+def _rewards(results: EvalResults, role: str, key: str) -> np.ndarray | None:
+    values = [s[key] for sample in results.samples for s in sample.get(role, [])]
+    if not values or any(v is None for v in values):
+        return None
+    return np.array(values, dtype=np.float64)
+
+
+def make_plots(results: EvalResults) -> dict[str, bytes]:
+    """name -> PNG bytes for every plot the results support."""
+    out: dict[str, bytes] = {}
+    policy_r, reference_r = _rewards(results, "policy", "reward"), _rewards(results, "reference", "reward")
+    if policy_r is not None:
+        out["reward_histogram"] = plots.reward_histogram(policy_r, reference_r)
+        out["reward_vs_length"] = plots.length_vs_reward(
+            _rewards(results, "policy", "length"), policy_r,  # type: ignore[arg-type]
+            _rewards(results, "reference", "length"), reference_r)
+    if results.curves:
+        panels = []
+        for panel in PANELS:
+            keys = [k for k in results.curves if k in panel.keys or (panel.pattern and re.match(panel.pattern, k))]
+            if keys:
+                panels.append((panel.title, {k: [tuple(p) for p in results.curves[k]] for k in keys}))
+        out["training_curves"] = plots.training_curves(panels)  # type: ignore[arg-type]
+    return out
+
+
+# --------------------------------------------------------------------------------- context
+
+
+def report_samples(results: EvalResults, limit: int, seed: int) -> list[dict[str, Any]]:
+    """A seeded random choice of ``limit`` prompts (in prompt order) with their first sample of
+    each model, and which one the reward model preferred."""
+    count = min(limit, len(results.samples))
+    chosen = sorted(np.random.default_rng(seed).choice(len(results.samples), size=count, replace=False).tolist())
+    out = []
+    for i in chosen:
+        sample = results.samples[i]
+        policy, reference = sample["policy"][0], (sample.get("reference") or [None])[0]
+        verdict = None
+        if reference is not None and policy["reward"] is not None and reference["reward"] is not None:
+            verdict = "win" if policy["reward"] > reference["reward"] else "tie" if policy["reward"] == reference["reward"] else "loss"
+        out.append({**sample, "policy_first": policy, "reference_first": reference, "verdict": verdict})
+    return out
+
+
+def build_context(results: EvalResults, images: dict[str, bytes]) -> dict[str, Any]:
+    cfg = results.config
+    sampling = (f"sampled, temperature {cfg.get('temperature')}, top-p {cfg.get('top_p')}, seed {cfg.get('seed')}"
+                if cfg.get("do_sample") else "greedy")
+    reward_rows = []
+    for role, prefix in (("policy", ""), ("reference", "reference_")):
+        mean = getattr(results, f"{prefix}mean_reward")
+        if mean is not None:
+            reward_rows.append({"model": role, "mean": mean, "std": getattr(results, f"{prefix}reward_std"),
+                                "quantiles": getattr(results, f"{prefix}reward_quantiles")})
+    return {
+        "r": results,
+        "cfg": cfg,
+        "sampling": sampling,
+        "created": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "reward_rows": reward_rows,
+        "quantile_names": list(reward_rows[0]["quantiles"]) if reward_rows else [],
+        "accuracy_metrics": sorted({m for t in results.accuracy.values() for m in t if m != "num_prompts"},
+                                   key=lambda m: (m.split("@")[0] != "pass", int(m.split("@")[1]))),
+        "images": {name: base64.b64encode(png).decode("ascii") for name, png in images.items()},
+        "samples": report_samples(results, int(cfg.get("max_samples_in_report", 20)), int(cfg.get("seed", 0))),
+    }
+
+
+def write_report(results: EvalResults, folder: str | Path) -> None:
+    """Write results.json, plots/*.png, report.md and report.html into ``folder``."""
+    folder = Path(folder)
+    images = make_plots(results)
+    if images:
+        (folder / "plots").mkdir(parents=True, exist_ok=True)
+        for name, png in images.items():
+            (folder / "plots" / f"{name}.png").write_bytes(png)
+    (folder / "results.json").write_text(json.dumps(results.to_dict(), indent=2, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
+    context = build_context(results, images)
+    (folder / "report.md").write_text(_environment(False).get_template(MD_TEMPLATE).render(**context), encoding="utf-8")
+    (folder / "report.html").write_text(_environment(True).get_template(HTML_TEMPLATE).render(**context), encoding="utf-8")

@@ -1,0 +1,95 @@
+"""What an evaluation produced: headline numbers as attributes, per-prompt samples, JSON form."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class EvalResults:
+    """Results of :func:`alignctl.eval.evaluate` / :func:`alignctl.eval.run_eval`.
+
+    Rewards are reward-model scores (standardised when the model carries train-rm's mean/std);
+    lengths are in characters of the decoded response. Fields are None when their input was not
+    given (no reference -> no win rate; no reward model -> no rewards; no ground truth -> no
+    accuracy).
+    """
+
+    num_prompts: int
+    n: int
+    # Win rate of the policy over the reference (ties count half) and its 95% bootstrap interval.
+    win_rate: float | None = None
+    win_rate_ci: tuple[float, float] | None = None
+    lc_win_rate: float | None = None
+    length_slope: float | None = None  # logistic slope per std of the length difference
+    wins: int = 0
+    ties: int = 0
+    losses: int = 0
+    # Reward-model scores.
+    mean_reward: float | None = None
+    reference_mean_reward: float | None = None
+    reward_std: float | None = None
+    reference_reward_std: float | None = None
+    reward_quantiles: dict[str, float] = field(default_factory=dict)
+    reference_reward_quantiles: dict[str, float] = field(default_factory=dict)
+    rewards_normalized: bool = False
+    # Responses.
+    mean_length: float = 0.0
+    reference_mean_length: float | None = None
+    truncated_fraction: float = 0.0
+    reference_truncated_fraction: float | None = None
+    # Rule accuracy per data source ({"pass@1", "pass@k", "maj@k", "num_prompts"}).
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
+    reference_accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Reward-model accuracy on held-out preference pairs.
+    preference_accuracy: float | None = None
+    preference: dict[str, float] = field(default_factory=dict)
+    # RL run curves: {key: [[step, value], ...]} and a first/last/min/max summary.
+    curves: dict[str, list[list[float]]] = field(default_factory=dict)
+    curve_summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    # One entry per prompt: prompt, ground truth, and each model's responses with scores.
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    skipped_prompts: int = 0
+    rm_truncated: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    out_dir: Path | None = None
+
+    def headline(self) -> dict[str, float]:
+        """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
+        out: dict[str, float] = {"num_prompts": float(self.num_prompts), "n": float(self.n)}
+        for key in ("win_rate", "lc_win_rate", "mean_reward", "reference_mean_reward", "preference_accuracy",
+                    "mean_length", "reference_mean_length"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = float(value)
+        if self.win_rate_ci is not None:
+            out["win_rate_ci_low"], out["win_rate_ci_high"] = self.win_rate_ci
+        for prefix, table in (("accuracy", self.accuracy), ("reference_accuracy", self.reference_accuracy)):
+            for source, metrics in table.items():
+                for name, value in metrics.items():
+                    if name != "num_prompts":
+                        out[f"{prefix}/{source}/{name}"] = value
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (non-finite floats become strings, paths strings)."""
+        data = dataclasses.asdict(self)
+        data["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
+        return _jsonable(data)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return _jsonable(value.item())
+    return value

@@ -1,0 +1,268 @@
+"""The eval stage: generate with the policy and the reference, score with the reward model and the
+rule scorers, compute the statistics, write the report.
+
+    rows      = prompts (RL parquet rows; too-long ones skipped and counted)
+    responses = policy / reference generations (hf engine, n per prompt, seeded per batch)
+    rewards   = reward-model scores of prompt + response, per sample
+    results   = win rate + bootstrap CI + length-controlled win rate, reward stats, rule accuracy,
+                preference consistency, run curves  ->  results.json, report.md, report.html
+
+Only one model is in memory at a time (policy, then reference, then reward model).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from alignctl.config.core import iter_keys, load_config, to_dict
+from alignctl.config.eval import EvalConfig
+from alignctl.errors import UserError
+from alignctl.eval import stats
+from alignctl.eval.accuracy import rule_accuracy
+from alignctl.eval.data import PreferencePair, PromptRow, load_preference_pairs, load_prompt_rows, rows_from_python
+from alignctl.eval.generate import Generations, generate, tokenize_prompts
+from alignctl.eval.results import EvalResults
+from alignctl.eval.scoring import RewardScorer, response_conversations
+
+STAGE = "eval"
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"eval: key 'device' is {name!r} but CUDA is not available; use 'cpu' or 'auto'")
+    return name
+
+
+def _models(cfg: EvalConfig) -> dict[str, str]:
+    """role -> model folder, policy first."""
+    assert cfg.policy is not None  # validate() requires it
+    return {"policy": cfg.policy, **({"reference": cfg.reference} if cfg.reference else {})}
+
+
+def prepare_prompts(cfg: EvalConfig, rows: list[PromptRow]) -> tuple[list[PromptRow], dict[str, Any], dict[str, list[list[int]]], int]:
+    """Tokenize the prompts for every model; drop rows too long for any of them (counted)."""
+    from alignctl.models.loading import load_tokenizer
+
+    tokenizers = {role: load_tokenizer(path, padding_side="left") for role, path in _models(cfg).items()}
+    ids = {role: tokenize_prompts(tok, rows) for role, tok in tokenizers.items()}
+    keep = [i for i in range(len(rows)) if all(len(ids[r][i]) <= cfg.max_prompt_length for r in ids)]
+    if not keep:
+        raise UserError(f"{cfg.prompts}: every prompt is longer than max_prompt_length={cfg.max_prompt_length} tokens")
+    return [rows[i] for i in keep], tokenizers, {r: [v[i] for i in keep] for r, v in ids.items()}, len(rows) - len(keep)
+
+
+def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, list[list[int]]], device: str,
+                 progress: bool) -> dict[str, Generations]:
+    from alignctl.rollout import SamplingParams
+
+    params = SamplingParams(n=cfg.n, temperature=cfg.temperature if cfg.do_sample else 0.0, top_p=cfg.top_p,
+                            top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, greedy=not cfg.do_sample,
+                            logprobs=False)
+    return {role: generate(path, tokenizers[role], ids[role], role=role, params=params, batch_size=cfg.batch_size,
+                           seed=cfg.seed, device=device, dtype=cfg.dtype, progress=progress)
+            for role, path in _models(cfg).items()}
+
+
+def score_all(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], pairs: list[PreferencePair] | None,
+              device: str, progress: bool) -> tuple[dict[str, np.ndarray], dict[str, float], int, bool]:
+    """Rewards [P, n] per model, preference-pair stats, RM truncation count, normalised?"""
+    assert cfg.reward_model is not None
+    scorer = RewardScorer(cfg.reward_model, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
+                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress)
+    try:
+        prompts = [r.messages for r in rows]
+        rewards = {role: scorer.score(response_conversations(prompts, g.texts), f"scoring ({role})").reshape(len(rows), cfg.n)
+                   for role, g in gens.items()}
+        preference = preference_consistency(scorer, pairs) if pairs else {}
+        return rewards, preference, scorer.truncated, scorer.normalization is not None
+    finally:
+        scorer.close()
+
+
+def preference_consistency(scorer: RewardScorer, pairs: list[PreferencePair]) -> dict[str, float]:
+    """The reward model's accuracy on held-out pairs (ties count as wrong, as in train-rm)."""
+    import torch
+
+    from alignctl.algos import preference_accuracy
+
+    chosen = scorer.score([(p.prompt, p.chosen) for p in pairs], "scoring preference pairs (chosen)")
+    rejected = scorer.score([(p.prompt, p.rejected) for p in pairs], "scoring preference pairs (rejected)")
+    accuracy = float(preference_accuracy(torch.from_numpy(chosen), torch.from_numpy(rejected)))
+    return {"accuracy": accuracy, "pairs": float(len(pairs)), "ties": float(np.sum(chosen == rejected)),
+            "mean_margin": float(np.mean(chosen - rejected))}
+
+
+def win_rate_fields(policy: np.ndarray, reference: np.ndarray, policy_len: np.ndarray, reference_len: np.ndarray,
+                    cfg: EvalConfig) -> dict[str, Any]:
+    """Win rate, its bootstrap CI, the length-controlled win rate and the pair counts."""
+    outcomes = stats.pair_outcomes(policy, reference)  # [P, n, n]
+    length_diff = policy_len[:, :, None] - reference_len[:, None, :]
+    fit = stats.length_controlled_win_rate(outcomes.ravel(), np.broadcast_to(length_diff, outcomes.shape).ravel())
+    scores = outcomes.mean(axis=(1, 2))
+    return {
+        "win_rate": float(scores.mean()),
+        "win_rate_ci": stats.bootstrap_ci(scores, num_resamples=cfg.num_bootstrap, seed=cfg.seed),
+        "lc_win_rate": fit.win_rate,
+        "length_slope": fit.slope,
+        "wins": int(np.sum(outcomes == 1.0)), "ties": int(np.sum(outcomes == 0.5)), "losses": int(np.sum(outcomes == 0.0)),
+    }
+
+
+def reward_fields(rewards: dict[str, np.ndarray]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for role, prefix in (("policy", ""), ("reference", "reference_")):
+        if role in rewards:
+            values = rewards[role]
+            out[f"{prefix}mean_reward"] = float(values.mean())
+            out[f"{prefix}reward_std"] = float(values.std())
+            out[f"{prefix}reward_quantiles"] = stats.quantiles(values)
+    return out
+
+
+def build_samples(rows: list[PromptRow], gens: dict[str, Generations], rewards: dict[str, np.ndarray],
+                  correct: dict[str, list[list[bool] | None]]) -> list[dict[str, Any]]:
+    """One record per prompt with every response, its reward, length and correctness."""
+    samples = []
+    for i, row in enumerate(rows):
+        record: dict[str, Any] = {"index": row.index, "data_source": row.data_source, "prompt": row.text,
+                                  "ground_truth": row.ground_truth}
+        for role, g in gens.items():
+            marks = correct[role][i]
+            record[role] = [{"text": text, "reward": float(rewards[role][i, j]) if role in rewards else None,
+                             "length": len(text), "tokens": g.token_lengths[i][j], "truncated": g.truncated[i][j],
+                             "correct": marks[j] if marks is not None else None}
+                            for j, text in enumerate(g.texts[i])]
+        samples.append(record)
+    return samples
+
+
+def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = True) -> EvalResults:
+    """Everything but writing files."""
+    start = time.perf_counter()
+    device = resolve_device(cfg.device)
+    # Inputs that can be wrong are read before minutes of generation, not after.
+    curves = curve_fields(cfg.run) if cfg.run else {}
+    pairs = load_preference_pairs(cfg.preference_data, cfg.max_preference_pairs) if cfg.preference_data else None
+    rows, tokenizers, ids, skipped = prepare_prompts(cfg, rows)
+    gens = generate_all(cfg, tokenizers, ids, device, progress)
+    rewards: dict[str, np.ndarray] = {}
+    preference: dict[str, float] = {}
+    rm_truncated, normalized = 0, False
+    if cfg.reward_model:
+        rewards, preference, rm_truncated, normalized = score_all(cfg, rows, gens, pairs, device, progress)
+    accuracy, correct = {}, {}
+    for role, g in gens.items():
+        accuracy[role], correct[role] = rule_accuracy(rows, g.texts)
+    fields: dict[str, Any] = reward_fields(rewards)
+    if "reference" in rewards:
+        fields.update(win_rate_fields(rewards["policy"], rewards["reference"], gens["policy"].char_lengths,
+                                      gens["reference"].char_lengths, cfg))
+    if "reference" in gens:
+        fields["reference_mean_length"] = float(gens["reference"].char_lengths.mean())
+        fields["reference_truncated_fraction"] = float(np.mean(gens["reference"].truncated))
+        fields["reference_accuracy"] = accuracy["reference"]
+    fields.update(curves)
+    return EvalResults(
+        num_prompts=len(rows), n=cfg.n, **fields,
+        rewards_normalized=normalized,
+        mean_length=float(gens["policy"].char_lengths.mean()),
+        truncated_fraction=float(np.mean(gens["policy"].truncated)),
+        accuracy=accuracy["policy"],
+        preference_accuracy=preference.get("accuracy"), preference=preference,
+        samples=build_samples(rows, gens, rewards, correct),
+        skipped_prompts=skipped, rm_truncated=rm_truncated, config=to_dict(cfg),
+        wall_time_s=time.perf_counter() - start,
+    )
+
+
+def curve_fields(run: str) -> dict[str, Any]:
+    from alignctl.eval.curves import panel_series, read_metrics, summarize
+
+    panels = panel_series(read_metrics(run))
+    curves = {key: [list(p) for p in points] for _, group in panels for key, points in group.items()}
+    return {"curves": curves, "curve_summary": summarize(panels)}
+
+
+# ------------------------------------------------------------------------------------- stage
+
+
+def run_eval(cfg: EvalConfig, *, progress: bool = True) -> EvalResults:
+    """The ``alignctl eval`` stage: evaluate and write ``cfg.out`` atomically (manifest last)."""
+    rows = load_prompt_rows(cfg.prompts or "", cfg.prompt_key, cfg.max_prompts)
+    results = evaluate_rows(cfg, rows, progress=progress)
+    write_outputs(results, cfg.out)
+    return results
+
+
+def write_outputs(results: EvalResults, out: str | os.PathLike[str]) -> None:
+    """results.json, report.md, report.html, plots/*.png, then manifest.json, into ``out``."""
+    from alignctl.eval.report import write_report
+    from alignctl.pipeline.atomic import atomic_output_dir
+    from alignctl.pipeline.manifest import write_manifest
+
+    results.out_dir = Path(out).absolute()
+    with atomic_output_dir(out) as tmp:
+        write_report(results, tmp)
+        cfg = results.config
+        inputs = {k: cfg[k] for k in ("policy", "reference", "reward_model", "prompts", "preference_data", "run")
+                  if cfg.get(k)}
+        write_manifest(tmp, stage=STAGE, config=cfg, inputs=inputs, metrics=results.headline(),
+                       wall_time_s=results.wall_time_s)
+
+
+# -------------------------------------------------------------------------------- Python API
+
+
+def _config_from_kwargs(flags: dict[str, Any], options: dict[str, Any]) -> EvalConfig:
+    valid = {dotted for dotted, *_ in iter_keys(EvalConfig)}
+    for name in options:
+        if name not in valid:
+            raise UserError(f"evaluate: keyword {name!r} is not a config key; see `alignctl config show eval`")
+    return load_config(EvalConfig, None, flags={**flags, **options})
+
+
+def evaluate(model: str | os.PathLike[str], prompts: Any, reward_model: str | os.PathLike[str] | None = None,
+             reference: str | os.PathLike[str] | None = None, n: int = 1, *, out: str | os.PathLike[str] | None = None,
+             progress: bool = False, **options: Any) -> EvalResults:
+    """Evaluate ``model`` (a causal LM folder) on ``prompts`` from Python::
+
+        results = evaluate(model="runs/ppo/actor", prompts="data/arith/test.parquet",
+                           reward_model="runs/rm", reference="runs/sft", n=4, do_sample=True)
+        results.win_rate, results.win_rate_ci, results.lc_win_rate, results.mean_reward
+
+    ``prompts``: an RL prompt parquet path, a DataFrame of such rows, or a list of strings /
+    message lists. Other keywords are eval config keys (``max_new_tokens``, ``temperature``,
+    ``seed``, ``preference_data``, ``run``, ...). With ``out`` the report files are written there."""
+    prompts_path = os.fspath(prompts) if isinstance(prompts, (str, os.PathLike)) else "<python>"
+    flags = {"policy": os.fspath(model), "prompts": prompts_path, "n": n,
+             "reward_model": os.fspath(reward_model) if reward_model is not None else None,
+             "reference": os.fspath(reference) if reference is not None else None}
+    if out is not None:
+        flags["out"] = os.fspath(out)
+    cfg = _config_from_kwargs(flags, options)
+    rows = rows_from_python(prompts, cfg.prompt_key, cfg.max_prompts)
+    results = evaluate_rows(cfg, rows, progress=progress)
+    if out is not None:
+        write_outputs(results, out)
+    return results
+
+
+def print_eval_report(results: EvalResults) -> None:
+    """Headline numbers as a console table (the CLI calls this after :func:`run_eval`)."""
+    from alignctl.console import print_table
+
+    rows = [[k, f"{v:.4f}" if not float(v).is_integer() else int(v)] for k, v in results.headline().items()]
+    title = f"eval -> {results.out_dir}" if results.out_dir else "eval"
+    print_table(title, ["metric", "value"], rows)
+
+
+__all__ = ["evaluate", "evaluate_rows", "print_eval_report", "run_eval", "write_outputs"]

@@ -1,0 +1,108 @@
+"""Reward-model scores of (prompt, response) pairs, tokenized the way ``train-rm`` saw its pairs.
+
+With a chat template the conversation ``prompt + [assistant response]`` is rendered by the reward
+model's own tokenizer (TRL's RewardTrainer does the same for conversational pairs); without one
+the message contents are joined and the eos token appended (TRL's plain-text rule). The score is
+read at the last real token (:func:`alignctl.models.loading.score_last_token`).
+
+Identical token sequences are scored once: it saves work when two models agree, and it makes a
+tie a tie (the same sequence in two differently padded batches could differ in the last bit).
+Rewards are standardised with the ``alignctl_reward_mean`` / ``alignctl_reward_std`` train-rm
+stored in the model config, when present and asked for; a monotone map, so win rates are the same.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+
+import numpy as np
+
+from alignctl.console import track
+
+# The keys alignctl.trainers.reward_model writes into the saved config (tests check they agree).
+REWARD_MEAN_KEY = "alignctl_reward_mean"
+REWARD_STD_KEY = "alignctl_reward_std"
+
+Messages = list[dict[str, str]]
+
+
+class RewardScorer:
+    """A loaded reward model + tokenizer; ``score(conversations) -> np.ndarray``."""
+
+    def __init__(self, path: str, *, device: str, dtype: str, batch_size: int, max_length: int | None,
+                 normalize: bool, progress: bool) -> None:
+        from alignctl.models.loading import load_reward_model, load_tokenizer
+
+        self.tokenizer = load_tokenizer(path, padding_side="right")
+        self.model = load_reward_model(path, dtype=dtype).to(device).eval()
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.device = device
+        self.batch_size = batch_size
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_length = max_length or context
+        self.progress = progress
+        self.truncated = 0
+        mean, std = getattr(self.model.config, REWARD_MEAN_KEY, None), getattr(self.model.config, REWARD_STD_KEY, None)
+        self.normalization = (float(mean), float(std)) if normalize and mean is not None and std else None
+
+    def encode(self, prompt: Messages, reply: Messages) -> list[int]:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(prompt + reply, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        else:
+            text = "".join(m["content"] for m in prompt) + "".join(m["content"] for m in reply)
+            ids = tok(text + (tok.eos_token or ""))["input_ids"]
+        ids = [int(t) for t in ids]
+        if self.max_length is not None and len(ids) > self.max_length:
+            self.truncated += 1
+            ids = ids[-self.max_length:]  # the end holds the response the score is about
+        return ids
+
+    def score(self, conversations: Sequence[tuple[Messages, Messages]], description: str) -> np.ndarray:
+        """Rewards [len(conversations)] for (prompt messages, reply messages) pairs."""
+        encoded = [tuple(self.encode(p, r)) for p, r in conversations]
+        unique = sorted(set(encoded), key=len)  # similar lengths share a batch: less padding
+        scores = self._score_unique([list(u) for u in unique], description)
+        lookup = dict(zip(unique, scores))
+        rewards = np.array([lookup[e] for e in encoded], dtype=np.float64)
+        if self.normalization is not None:
+            mean, std = self.normalization
+            rewards = (rewards - mean) / std
+        return rewards
+
+    def _score_unique(self, sequences: list[list[int]], description: str) -> list[float]:
+        import torch
+
+        from alignctl.models.loading import score_last_token
+
+        pad = int(self.tokenizer.pad_token_id)
+        out: list[float] = []
+        starts = range(0, len(sequences), self.batch_size)
+        with torch.inference_mode():
+            for start in track(starts, description, enabled=None if self.progress else False):
+                chunk = sequences[start:start + self.batch_size]
+                width = max(len(s) for s in chunk)
+                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for i, s in enumerate(chunk):
+                    ids[i, :len(s)] = torch.tensor(s)
+                    mask[i, :len(s)] = 1
+                scores = score_last_token(self.model, ids.to(self.device), mask.to(self.device))
+                out.extend(float(v) for v in scores.cpu())
+        return out
+
+    def close(self) -> None:
+        import torch
+
+        del self.model
+        if self.device.startswith("cuda"):  # hand the memory back (on CPU refcounting frees it)
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
+def response_conversations(prompts: Sequence[Messages], texts: Sequence[Sequence[str]]) -> list[tuple[Messages, Messages]]:
+    """(prompt, [assistant response]) for every sample, prompt-major."""
+    return [(p, [{"role": "assistant", "content": t}]) for p, row in zip(prompts, texts) for t in row]

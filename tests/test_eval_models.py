@@ -1,0 +1,338 @@
+"""The eval stage end to end on tiny models: self-comparison, a reward model built to prefer one
+model, reward normalisation, preference consistency, run curves, and the written report.
+
+Models are real transformers modules whose weights are set by hand so their behaviour is known:
+
+* a "constant" causal LM: every layer's output projections are zero, so the residual stream is the
+  token embedding; every embedding is e0 = (1, 0, ..., 0) and the final norm keeps only dim 0, so
+  the last hidden state is (8, 0, ...) for every input (RMSNorm of e0 in 64 dims = 8 e0). Its
+  lm_head gives logit 80 to a chosen token set (digits or letters) and 0 to the rest: it writes
+  only digits (or only letters) and never stops early.
+* a "digit-fraction" reward model (LlamaForSequenceClassification): attention with zero
+  queries/keys averages the value of every position up to the last; the value is 1/sqrt(2/64) on
+  digit tokens and 0 elsewhere, written to dim 2. At the last token (``<|end|>``, not a digit)
+  the residual is (0, 1, m) with m = f / sqrt(2/64), f = the fraction of digit tokens in the whole
+  sequence; the final RMSNorm and a score head reading dim 2 give
+  score = m / sqrt((1 + m^2) / 64 + eps), strictly increasing in f. A digit-only response raises
+  f above the prompt's, a letter-only one lowers it, so the digit model wins every pair.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from alignctl.config.core import load_config
+from alignctl.config.eval import EvalConfig
+from alignctl.errors import UserError
+from alignctl.eval import EvalResults, evaluate, run_eval
+from alignctl.eval.scoring import REWARD_MEAN_KEY, REWARD_STD_KEY
+
+DIGITS = "0123456789"
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+EPS = 1e-6  # LlamaConfig.rms_norm_eps of the tiny model
+HOSTILE = 'Tom has 3 pens. <script>alert("x")</script> <img src=x onerror=alert(1)> ``` | pipe'
+
+
+def _constant_lm(base: Path, out: Path, alphabet: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    ids = [i for i in tok.convert_tokens_to_ids(list(alphabet)) if i != tok.unk_token_id]
+    assert len(ids) >= 5
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[ids, 0] = 10.0
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _digit_fraction_rm(base: Path, out: Path) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    rm = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
+    rm.config.pad_token_id = tok.pad_token_id
+    digit_ids = [i for i in tok.convert_tokens_to_ids(list(DIGITS)) if i != tok.unk_token_id]
+    with torch.no_grad():
+        for p in rm.parameters():
+            p.zero_()
+        emb = rm.model.embed_tokens.weight
+        emb[:, 1] = 1.0
+        emb[digit_ids, 0] = 1.0
+        first, *rest = rm.model.layers
+        first.input_layernorm.weight.fill_(1.0)
+        first.self_attn.v_proj.weight[0, 0] = 1.0
+        first.self_attn.o_proj.weight[2, 0] = 1.0
+        for layer in rm.model.layers:
+            layer.post_attention_layernorm.weight.fill_(1.0)
+        for layer in rest:
+            layer.input_layernorm.weight.fill_(1.0)
+        rm.model.norm.weight.fill_(1.0)
+        rm.score.weight[0, 2] = 1.0
+    rm.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def expected_rm_score(tokenizer: object, prompt: list[dict[str, str]], response: str) -> float:
+    """The closed form of the digit-fraction reward model (module docstring), from token ids."""
+    ids = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": response}], tokenize=True)  # type: ignore[attr-defined]
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    digit_ids = set(tokenizer.convert_tokens_to_ids(list(DIGITS)))  # type: ignore[attr-defined]
+    f = sum(t in digit_ids for t in ids) / len(ids)
+    m = f / math.sqrt(2 / 64 + EPS)
+    return m / math.sqrt((1 + m * m) / 64 + EPS)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from alignctl.config.preprocess import ArithConfig, PreprocessConfig
+    from alignctl.data.preprocess import run_preprocess
+    from alignctl.models.tiny import init_model
+    from alignctl.tracking import JsonlSink
+
+    root = tmp_path_factory.mktemp("eval")
+    data = root / "arith"
+    arith = ArithConfig(num_train=16, num_test=10, num_sft=16, num_pref=24)
+    run_preprocess(PreprocessConfig(dataset="arith", out=str(data), seed=0, arith=arith), progress=False)
+    # Letters are in the vocabulary through the question text; digits through the numbers.
+    init_model(out=root / "random", tokenizer_from=[data / "sft_train.parquet", data / "train.parquet",
+                                                    data / "pref_test.parquet"],
+               hidden=64, layers=2, tokenizer_kind="char", seed=0)
+    _constant_lm(root / "random", root / "digits", DIGITS)
+    _constant_lm(root / "random", root / "letters", LETTERS)
+    _digit_fraction_rm(root / "random", root / "rm")
+    run = root / "run"
+    sink = JsonlSink(run / "metrics.jsonl")
+    for step in range(1, 6):  # the keys the RL trainer logs, with known values
+        sink.log({"critic/score/mean": 0.1 * step, "reward/p10": 0.05 * step, "reward/p50": 0.1 * step,
+                  "reward/p90": 0.2 * step, "actor/reference_kl": 0.01 * step, "actor/entropy": 3.0 - 0.1 * step,
+                  "response_length/mean": 10.0 + step, "val-core/arith/acc/mean@1": 0.1 * step,
+                  "actor/pg_loss": float("nan")}, step=step)
+    sink.close()
+    return {"data": data, "random": root / "random", "digits": root / "digits", "letters": root / "letters",
+            "rm": root / "rm", "run": run, "root": root}
+
+
+def test_model_against_itself_greedy_is_all_ties(assets: dict[str, Path]) -> None:
+    prompts = assets["data"] / "test.parquet"
+    res = evaluate(model=assets["random"], prompts=prompts, reward_model=assets["rm"], reference=assets["random"],
+                   max_new_tokens=8, num_bootstrap=200)
+    # Greedy decoding of the same model gives the same responses: every pair is a tie.
+    assert [s["policy"][0]["text"] for s in res.samples] == [s["reference"][0]["text"] for s in res.samples]
+    assert res.num_prompts == 10 and res.ties == 10 and res.wins == res.losses == 0
+    assert res.win_rate == 0.5 and res.win_rate_ci == (0.5, 0.5) and res.lc_win_rate == 0.5
+    assert res.mean_reward == res.reference_mean_reward
+    assert set(res.accuracy) == {"arith"} and res.accuracy["arith"]["num_prompts"] == 10
+
+
+def test_model_against_itself_sampled_is_about_half(assets: dict[str, Path]) -> None:
+    kwargs = dict(model=assets["random"], prompts=assets["data"] / "test.parquet", reward_model=assets["rm"],
+                  reference=assets["random"], n=3, do_sample=True, max_new_tokens=8, seed=3, batch_size=4)
+    res = evaluate(num_bootstrap=500, **kwargs)
+    # Independent draws (policy and reference use different seed streams) from one model.
+    assert [s["policy"][0]["text"] for s in res.samples] != [s["reference"][0]["text"] for s in res.samples]
+    assert res.wins + res.ties + res.losses == 10 * 3 * 3
+    low, high = res.win_rate_ci
+    assert low <= 0.5 <= high
+    assert low < res.win_rate < high
+    assert set(res.accuracy["arith"]) == {"pass@1", "pass@2", "pass@3", "maj@3", "num_prompts"}
+    # Seeds are per (seed, model role, batch): the first batch of 4 prompts draws the same samples
+    # when it is evaluated alone.
+    again = evaluate(num_bootstrap=100, max_prompts=4, **kwargs)
+    assert again.samples == res.samples[:4]
+
+
+@pytest.fixture(scope="module")
+def digits_vs_letters(assets: dict[str, Path]) -> EvalResults:
+    return evaluate(model=assets["digits"], prompts=assets["data"] / "test.parquet", reward_model=assets["rm"],
+                    reference=assets["letters"], n=2, do_sample=True, max_new_tokens=8, num_bootstrap=200)
+
+
+def test_reward_model_built_to_prefer_digits(assets: dict[str, Path], digits_vs_letters: EvalResults) -> None:
+    from transformers import AutoTokenizer
+
+    res = digits_vs_letters
+    assert res.win_rate == 1.0 and res.win_rate_ci == (1.0, 1.0) and res.lc_win_rate == 1.0
+    assert res.wins == 10 * 2 * 2
+    first = res.samples[0]
+    assert set(first["policy"][0]["text"]) <= set(DIGITS) and len(first["policy"][0]["text"]) == 8
+    assert set(first["reference"][0]["text"]) <= set(LETTERS) and first["reference"][0]["truncated"]
+    # Every reward equals the closed form of the constructed model, computed from token ids here.
+    tok = AutoTokenizer.from_pretrained(assets["rm"])
+    rows = pd.read_parquet(assets["data"] / "test.parquet")
+    for sample, messages in zip(res.samples, rows["prompt"]):
+        prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
+        for role in ("policy", "reference"):
+            for resp in sample[role]:
+                assert resp["reward"] == pytest.approx(expected_rm_score(tok, prompt, resp["text"]), abs=1e-5)
+    swapped = evaluate(model=assets["letters"], prompts=assets["data"] / "test.parquet", reward_model=assets["rm"],
+                       reference=assets["digits"], max_new_tokens=8, num_bootstrap=200, max_prompts=4)
+    assert swapped.win_rate == 0.0 and swapped.win_rate_ci == (0.0, 0.0) and swapped.losses == 4
+
+
+def test_saved_reward_statistics_standardise_the_scores(assets: dict[str, Path], digits_vs_letters: EvalResults,
+                                                        tmp_path: Path) -> None:
+    from alignctl.eval.scoring import RewardScorer
+    from alignctl.trainers import reward_model as rm_stage
+
+    assert (REWARD_MEAN_KEY, REWARD_STD_KEY) == (rm_stage.REWARD_MEAN_KEY, rm_stage.REWARD_STD_KEY)
+    normed = tmp_path / "rm_normed"
+    shutil.copytree(assets["rm"], normed)
+    config = json.loads((normed / "config.json").read_text())
+    config.update({REWARD_MEAN_KEY: 2.0, REWARD_STD_KEY: 0.5})
+    (normed / "config.json").write_text(json.dumps(config))
+    raw = digits_vs_letters
+    std = evaluate(model=assets["digits"], prompts=assets["data"] / "test.parquet", reward_model=normed,
+                   reference=assets["letters"], n=2, do_sample=True, max_new_tokens=8, num_bootstrap=200)
+    assert std.rewards_normalized and not raw.rewards_normalized
+    assert std.mean_reward == pytest.approx((raw.mean_reward - 2.0) / 0.5, abs=1e-9)
+    assert std.reference_reward_quantiles["p50"] == pytest.approx((raw.reference_reward_quantiles["p50"] - 2.0) / 0.5)
+    assert std.win_rate == raw.win_rate == 1.0  # a monotone map changes no comparison
+    conversation = [([{"role": "user", "content": "Tom has 3 pens."}], [{"role": "assistant", "content": "12"}])]
+    scores = [RewardScorer(str(normed), device="cpu", dtype="float32", batch_size=4, max_length=None,
+                           normalize=flag, progress=False).score(conversation, "x")[0] for flag in (False, True)]
+    assert scores[1] == pytest.approx((scores[0] - 2.0) / 0.5, abs=1e-12)
+
+
+def _html_external_refs(html: str) -> list[str]:
+    """src/href/srcset values of real tags (parsed, so escaped text cannot fool it) that point
+    anywhere but an embedded data: URI or an in-page anchor."""
+    from html.parser import HTMLParser
+
+    refs: list[str] = []
+
+    class Collector(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            refs.extend(v or "" for k, v in attrs if k in ("src", "href", "srcset", "action", "data"))
+            if tag == "link" or (tag == "script" and any(k == "src" for k, _ in attrs)):
+                refs.append(f"<{tag}>")
+
+    Collector().feed(html)
+    return [r for r in refs if not r.startswith(("data:", "#"))]
+
+
+@dataclass
+class Report:
+    results: EvalResults
+    out: Path
+    pair_scores: list[tuple[float, float]]  # closed-form (chosen, rejected) RM scores of the pairs
+
+
+@pytest.fixture(scope="module")
+def report(assets: dict[str, Path]) -> Report:
+    """run_eval on the constructed models, with preference pairs, a run folder, and one prompt whose
+    text is HTML/markdown that must come out escaped."""
+    from transformers import AutoTokenizer
+
+    prompts = pd.read_parquet(assets["data"] / "test.parquet")
+    prompts.at[0, "prompt"] = [{"role": "user", "content": HOSTILE}]
+    prompts_file = assets["root"] / "hostile_test.parquet"
+    prompts.to_parquet(prompts_file)
+    # Preference pairs for the digit-fraction RM: it prefers the reply with the larger digit
+    # fraction. Rows 0-2: chosen has more digits (ranked right); rows 3-4: rejected has more
+    # (wrong); row 5: identical replies, an exact tie (wrong: ties count as wrong) -> 3 / 6.
+    question = [{"role": "user", "content": "Tom has 3 pens. How many pens does Tom have now?"}]
+    replies = [("3 + 4 = 7. #### 7", "Tom has seven pens"), ("#### 12", "twelve"), ("1111", "11ab"),
+               ("Tom has pens", "#### 3"), ("pens", "99"), ("#### 5", "#### 5")]
+    pairs = pd.DataFrame({"prompt": [question] * 6,
+                          "chosen": [[{"role": "assistant", "content": c}] for c, _ in replies],
+                          "rejected": [[{"role": "assistant", "content": r}] for _, r in replies]})
+    pairs.to_parquet(assets["root"] / "pairs.parquet")
+    tok = AutoTokenizer.from_pretrained(assets["rm"])
+    pair_scores = [(expected_rm_score(tok, question, c), expected_rm_score(tok, question, r)) for c, r in replies]
+    out = assets["root"] / "report"
+    cfg = load_config(EvalConfig, None, [
+        f"policy={assets['digits']}", f"reference={assets['letters']}", f"reward_model={assets['rm']}",
+        f"prompts={prompts_file}", f"preference_data={assets['root'] / 'pairs.parquet'}",
+        f"run={assets['run']}", f"out={out}", "max_new_tokens=8", "num_bootstrap=200", "max_samples_in_report=10"])
+    return Report(run_eval(cfg, progress=False), out, pair_scores)
+
+
+def test_run_eval_writes_a_complete_report(report: Report) -> None:
+    res, out = report.results, report.out
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == ["manifest.json", "plots/reward_histogram.png", "plots/reward_vs_length.png",
+                     "plots/training_curves.png", "report.html", "report.md", "results.json"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "eval" and manifest["metrics"]["win_rate"] == 1.0
+    assert "results.json" in manifest["outputs"]
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["win_rate"] == 1.0 and len(saved["samples"]) == 10 and saved["out_dir"] == str(out.absolute())
+
+    # Preference consistency on the hand-made pairs (see the fixture): 3 of 6 ranked right.
+    assert res.preference == {"accuracy": 0.5, "pairs": 6.0, "ties": 1.0, "mean_margin": pytest.approx(
+        np.mean([c - r for c, r in report.pair_scores]), abs=1e-5)}
+    assert res.preference_accuracy == 0.5
+
+    # Run curves: the NaN metric is dropped, the rest summarised with first/last values.
+    assert res.curve_summary["critic/score/mean"] == pytest.approx({"first": 0.1, "last": 0.5, "min": 0.1, "max": 0.5,
+                                                                   "steps": 5.0})
+    assert "actor/pg_loss" not in res.curves and "val-core/arith/acc/mean@1" in res.curves
+
+    html = (out / "report.html").read_text()
+    assert _html_external_refs(html) == []
+    assert html.count('src="data:image/png;base64,') == 3
+    assert "<h2>Win rate</h2>" in html and "100.0%" in html and "<h2>Preference consistency</h2>" in html
+    # The hostile prompt is shown as text: escaped, never as live markup.
+    assert "<script>" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+    md = (out / "report.md").read_text()
+    assert "| win rate vs reference (ties ½) | **100.0%**" in md and "![training curves](plots/training_curves.png)" in md
+    # In markdown the prompt sits in a fence longer than its own backtick run, so it cannot escape.
+    assert "````text\n" + HOSTILE + "\n````" in md
+
+
+def test_config_errors_name_the_key(assets: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="n=4 with do_sample=false"):
+        load_config(EvalConfig, None, ["policy=p", "prompts=x.parquet", "n=4"])
+    with pytest.raises(UserError, match="'policy' is required"):
+        load_config(EvalConfig, None, ["prompts=x.parquet"])
+    with pytest.raises(UserError, match="'temprature' is not a config key"):
+        evaluate(model=assets["random"], prompts=["hi"], temprature=0.5)
+    with pytest.raises(UserError, match="no metrics.jsonl"):
+        evaluate(model=assets["digits"], prompts=["Tom has 3 pens."], run=str(tmp_path), max_new_tokens=2)
+
+
+def test_python_prompts_without_reference_or_reward_model(assets: dict[str, Path]) -> None:
+    res = evaluate(model=assets["digits"], prompts=["Tom has 3 pens.", [{"role": "user", "content": "Ann?"}]],
+                   max_new_tokens=5)
+    assert res.num_prompts == 2 and res.win_rate is None and res.mean_reward is None and res.accuracy == {}
+    assert [len(s["policy"][0]["text"]) for s in res.samples] == [5, 5]
+
+
+def test_report_renders_in_headless_chromium(report: Report, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("headless Chromium not installed (Debian package 'chromium': apt-get install -y chromium)")
+    out = report.out
+    shot = tmp_path / "report.png"
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--window-size=1280,2400", f"--screenshot={shot}", (out / "report.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from PIL import Image
+
+    image = np.asarray(Image.open(shot).convert("RGB"))
+    assert image.shape == (2400, 1280, 3)
+    # A rendered page, not a blank one: many distinct colours (text, plots, tags), and the policy
+    # blue of the win-rate bar and histogram (#2563eb) is on screen.
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 200
+    assert np.any(np.all(image == (0x25, 0x63, 0xEB), axis=-1))
