@@ -1,1 +1,11 @@
-"""alignctl.models."""
+"""alignctl.models: loading HF models, tiny offline models, packed forward, micro-batching.
+
+Submodules (import them directly; this package imports nothing heavy):
+
+- ``loading``    load_causal_lm, load_tokenizer, load_value_model / ValueModel, load_reward_model,
+                 score_last_token
+- ``tiny``       init_model: tokenizer trained on local data + seeded random model, HF format
+- ``attention``  block-diagonal masks and the ``alignctl_segment_sdpa`` attention implementation
+- ``forward``    compute_log_probs / compute_values, padded or packed (remove padding)
+- ``microbatch`` fixed and token-budgeted micro-batches, balance_batch, restore_order
+"""

@@ -69,7 +69,8 @@ class ActorRolloutRefWorker:
             out = compute_log_probs(
                 model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
                 position_ids=part["position_ids"], temperature=batch.meta["temperature"],
-                compute_entropy=entropy, use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding)
+                compute_entropy=entropy, use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
+                max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
             logps.append(out.log_probs)
             ents.append(out.entropy)
         return torch.cat(logps), (torch.cat(ents) if entropy else None)
@@ -107,7 +108,8 @@ class ActorRolloutRefWorker:
         out = compute_log_probs(
             self.engine.module, part["input_ids"], part["attention_mask"], mask.shape[1],
             position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
-            use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding)
+            use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
+            max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(
             part["old_log_probs"], out.log_probs, part["advantages"], mask,
             loss_agg_mode=actor.loss_agg_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,

@@ -44,7 +44,8 @@ class CriticWorker:
     def _values(self, model: Any, part: Batch) -> torch.Tensor:
         return compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
                               position_ids=part["position_ids"],
-                              use_remove_padding=self.cfg.critic.model.use_remove_padding)
+                              use_remove_padding=self.cfg.critic.model.use_remove_padding,
+                              max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
