@@ -202,6 +202,41 @@ def eval_(
     print_eval_report(run_eval(cfg, progress=_interactive()))
 
 
+# ------------------------------------------------------------------------------ pipelines
+
+
+@app.command()
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
+    overrides: OverridesArg = None,
+    force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run this stage (and downstream) even if cached.")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Stop after this stage.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and validate every stage; run nothing.")] = False,
+) -> None:
+    """Run a pipeline's stages in order, skipping those whose artifacts are cached."""
+    from alignctl.pipeline.runner import load, run_pipeline
+    from alignctl.pipeline.summary import print_summary
+
+    spec = load(pipeline, overrides or [])
+    print_summary(run_pipeline(spec, force=force or [], until=until, dry_run=dry_run))
+
+
+@app.command()
+def status(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
+    overrides: OverridesArg = None,
+) -> None:
+    """Show each stage: cached / stale / missing, key, artifact path, headline metrics."""
+    from alignctl.console import print_table
+    from alignctl.pipeline.runner import load, pipeline_status
+    from alignctl.pipeline.summary import headline
+
+    spec = load(pipeline, overrides or [])
+    rows = [[s.name, spec.stages[s.name].kind, s.state, s.key[:12], str(s.path),
+             headline(spec.stages[s.name].kind, (s.manifest or {}).get("metrics", {}))] for s in pipeline_status(spec)]
+    print_table(f"{pipeline}", ["stage", "kind", "state", "key", "artifact", "headline"], rows)
+
+
 # ------------------------------------------------------------------------------ entry point
 
 

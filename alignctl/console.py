@@ -13,7 +13,8 @@ from rich.table import Table
 
 T = TypeVar("T")
 
-console = Console(stderr=False, highlight=False)
+# Logs and CI captures are not 80 columns wide; a wider default keeps tables readable there.
+console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 def progress_enabled() -> bool:

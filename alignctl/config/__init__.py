@@ -13,6 +13,9 @@ STAGE_SCHEMAS: dict[str, str] = {
     "ppo": "alignctl.config.rl:RLConfig",
     "grpo": "alignctl.config.rl:RLConfig",
     "eval": "alignctl.config.eval:EvalConfig",
+    "init-model": "alignctl.config.init_model:InitModelConfig",
+    "sft": "alignctl.config.sft:SFTConfig",
+    "train-rm": "alignctl.config.reward_model:RewardModelConfig",
 }
 
 

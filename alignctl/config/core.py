@@ -83,12 +83,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[str]:
     keys = set()
     for text in overrides:
         path, value = parse_override(text)
-        _set_dotted(data, path, value, text)
+        set_dotted(data, path, value, text)
         keys.add(".".join(path))
     return keys
 
 
-def _set_dotted(data: dict[str, Any], path: list[str], value: Any, text: str | None = None) -> None:
+def set_dotted(data: dict[str, Any], path: list[str], value: Any, text: str | None = None) -> None:
     node = data
     for i, part in enumerate(path[:-1]):
         child = node.get(part)
@@ -250,7 +250,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     keys = set()
     for dotted, value in (flags or {}).items():
         if value is not None:
-            _set_dotted(data, dotted.split("."), value)
+            set_dotted(data, dotted.split("."), value)
             keys.add(dotted)
     keys |= apply_overrides(data, list(overrides or []))
     return build_config(cls, data, file=str(path) if path else None, override_keys=keys)

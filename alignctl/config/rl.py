@@ -245,6 +245,8 @@ class RLConfig:
     def validate(self) -> None:
         actor = self.actor_rollout_ref.actor
         n = self.actor_rollout_ref.rollout.n
+        if self.reward_model.enable and not self.reward_model.model.path:
+            raise UserError("reward_model.enable is true: key 'reward_model.model.path' is required (a train-rm output)")
         if self.actor_rollout_ref.model.path is None:
             raise UserError("key 'actor_rollout_ref.model.path' is required (an HF model folder)")
         if not self.data.train_files:

@@ -30,7 +30,7 @@ class RewardComputer:
                        "overlong_penalty_factor": rm.overlong_penalty_factor}
         self.manager = build_reward_manager(rm.reward_manager, compute_score=fn, num_workers=rm.num_workers,
                                             timeout_s=rm.timeout_s, **options)
-        self.model_scorer = None  # set by the trainer when reward_model.enable (scores via the RM worker)
+        self.model_scorer: Any = None  # set by the trainer when reward_model.enable: scores via the RM workers
         self.rule_weight = rm.rule_weight if rm.enable else 1.0
         self.rm_weight = rm.rm_weight
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alignctl-reward")
@@ -39,20 +39,23 @@ class RewardComputer:
         rows = [ids[:int(n)] for ids, n in zip(batch["responses"].tolist(), batch["response_mask"].sum(-1).tolist())]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def score(self, batch: Batch) -> Batch:
+    def score(self, batch: Batch, *, use_model: bool = True) -> Batch:
+        """Token-level scores; ``use_model=False`` gives rule/custom scores only (validation
+        accuracy is about correctness, not the RM's opinion)."""
         texts = self.decode(batch)
         out = self.manager(RewardInputs(
             data_sources=batch["data_source"], responses=texts, ground_truths=batch["ground_truth"],
             response_width=batch["responses"].shape[1], extra_infos=batch["extra_info"],
             response_mask=batch["response_mask"]))
-        scores = out.token_level_scores.float() * self.rule_weight
+        scores = out.token_level_scores.float() * (self.rule_weight if use_model else 1.0)
         metrics = {"reward/num_timeouts": float(out.num_timeouts), "reward/num_crashes": float(out.num_crashes)}
         for key, values in out.extra.items():
             numeric = [float(v) for v in values if isinstance(v, (int, float))]
             if numeric:
                 metrics[f"reward/extra/{key}/mean"] = sum(numeric) / len(numeric)
-        if self.model_scorer is not None:
-            rm_scores = self.model_scorer(batch)  # [N] one score per response
+        if self.model_scorer is not None and use_model:
+            texts_batch = Batch(lists={"raw_prompt": batch["raw_prompt"], "response_text": texts})
+            rm_scores = self.model_scorer(texts_batch)["rm_scores"]  # [N] one score per response
             last = (batch["response_mask"].sum(-1) - 1).clamp(min=0)
             scores[torch.arange(len(batch)), last] += self.rm_weight * rm_scores.float()
             metrics["reward/rm_score/mean"] = float(rm_scores.float().mean())

@@ -67,5 +67,7 @@ def start_workers(cfg: RLConfig, total_steps: int) -> WorkerGroup:
     if cfg.use_critic:
         roles.append(RoleSpec("critic", "alignctl.workers.critic:CriticWorker",
                               {"config": config, "total_steps": total_steps}))
+    if cfg.reward_model.enable:
+        roles.append(RoleSpec("rm", "alignctl.workers.reward_model:RewardModelWorker", {"config": config}))
     pool = ResourcePool(world, cpus=cpus, gpus=1 if device == "cuda" else 0)
     return WorkerGroup(pool, roles)

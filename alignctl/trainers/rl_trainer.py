@@ -147,6 +147,8 @@ class RLTrainer:
                                  name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg))
         result = RunResult(run_dir, run_dir / "actor", 0)
         self.workers = start_workers(self.cfg, self.parts.total_steps)
+        if self.cfg.reward_model.enable:
+            self.parts.reward.model_scorer = lambda texts: self.workers.split("rm", "compute_rm_score", texts)
         try:
             self._loop(tracker, result)
             self.workers.broadcast("actor", "save", str(result.policy_dir))

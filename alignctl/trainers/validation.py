@@ -70,7 +70,7 @@ def validate(trainer: Any, dataset: Any) -> dict[str, float]:
                                  top_p=val.top_p, top_k=val.top_k)
         keep = [i for i, uid in enumerate(batch["group_index"].tolist()) if uid < start + len(chunk)]
         batch = batch.index(keep)
-        scored = trainer.parts.reward.score(batch)
+        scored = trainer.parts.reward.score(batch, use_model=False)
         scores = scored["token_level_scores"].sum(-1).tolist()
         texts = trainer.parts.reward.decode(batch)
         for i, uid in enumerate(batch["group_index"].tolist()):

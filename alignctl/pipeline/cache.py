@@ -1,0 +1,105 @@
+"""Content-addressed stage artifacts: keys, folders, states, and the workdir lock.
+
+key = sha256(stage kind + kind format version + the canonical *resolved* stage config, where each
+reference to an upstream stage is replaced by that stage's key). A folder is reused only when its
+``manifest.json`` exists (written last) and records the same key; anything else is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alignctl.config.core import build_config, merge_dicts, to_dict
+from alignctl.errors import UserError
+from alignctl.pipeline.manifest import read_manifest
+from alignctl.pipeline.spec import PipelineSpec, StageSpec, substitute
+from alignctl.pipeline.stages import KIND_DEFAULTS, STAGE_KINDS
+
+CACHE_FORMAT = 1
+_OUTPUT_PLACEHOLDER = "<artifact>"
+
+
+def typed_config(stage: StageSpec, mapping: dict[str, str], output: str, source: Path) -> Any:
+    """The stage's schema instance with references resolved through ``mapping``."""
+    kind = STAGE_KINDS[stage.kind]
+    data = merge_dicts(KIND_DEFAULTS.get(stage.kind, {}), substitute(stage.config, mapping))
+    data = kind.with_output(data, Path(output))
+    try:
+        return build_config(kind.schema_class(), data, file=f"{source} (stage {stage.name!r})")
+    except UserError as exc:
+        message = str(exc)
+        prefix = f"{source} (stage {stage.name!r})"
+        raise UserError(message if message.startswith(prefix) else f"{prefix}: {message}") from None
+
+
+def stage_keys(spec: PipelineSpec) -> dict[str, str]:
+    """Every stage's key, upstream first (keys depend only on configs, so nothing has to run)."""
+    keys: dict[str, str] = {}
+    for name, stage in spec.stages.items():
+        placeholders = {up: f"<stage:{keys[up]}>" for up in stage.upstream}
+        canonical = to_dict(typed_config(stage, placeholders, _OUTPUT_PLACEHOLDER, spec.path))
+        payload = json.dumps({"kind": stage.kind, "kind_version": STAGE_KINDS[stage.kind].version,
+                              "cache_format": CACHE_FORMAT, "config": canonical,
+                              "inputs": {up: keys[up] for up in stage.upstream}}, sort_keys=True, default=str)
+        keys[name] = hashlib.sha256(payload.encode()).hexdigest()
+    return keys
+
+
+def artifact_dir(spec: PipelineSpec, name: str, key: str) -> Path:
+    return spec.workdir / f"{name}-{key[:12]}"
+
+
+@dataclass
+class StageState:
+    name: str
+    key: str
+    path: Path
+    state: str  # cached | stale | missing
+    manifest: dict[str, Any] | None
+
+
+def stage_state(spec: PipelineSpec, name: str, key: str) -> StageState:
+    path = artifact_dir(spec, name, key)
+    manifest = read_manifest(path)
+    if manifest is not None and manifest.get("key") == key:
+        return StageState(name, key, path, "cached", manifest)
+    older = [p for p in spec.workdir.glob(f"{name}-*") if p != path and (read_manifest(p) or {}).get("key")]
+    return StageState(name, key, path, "stale" if older else "missing", None)
+
+
+def clear(path: Path) -> None:
+    """Remove an incomplete or forced artifact folder before its stage runs again."""
+    if path.exists():
+        shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path) -> Iterator[None]:
+    """Exclusive lock over a workdir: a second run waits, then finds the first one's artifacts."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock_path = workdir / ".alignctl.lock"
+    with open(lock_path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            print(f"waiting for {workdir} (locked by pid {holder})", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

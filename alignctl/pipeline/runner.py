@@ -1,0 +1,96 @@
+"""``alignctl run`` and ``alignctl status``: run a pipeline's stages in order, reusing every
+artifact whose key is unchanged, rebuilding a changed stage and everything downstream of it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alignctl.config.core import to_dict
+from alignctl.console import console
+from alignctl.errors import UserError
+from alignctl.pipeline.cache import (StageState, artifact_dir, clear, stage_keys, stage_state, typed_config,
+                                     workdir_lock)
+from alignctl.pipeline.manifest import write_manifest
+from alignctl.pipeline.spec import PipelineSpec, load_pipeline
+from alignctl.pipeline.stages import STAGE_KINDS
+
+
+@dataclass
+class StageOutcome:
+    name: str
+    kind: str
+    state: str  # ran | cached | planned
+    path: Path
+    key: str
+    seconds: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def load(path: str | Path, overrides: list[str]) -> PipelineSpec:
+    return load_pipeline(path, overrides, set(STAGE_KINDS))
+
+
+def _downstream(spec: PipelineSpec, roots: set[str]) -> set[str]:
+    """The named stages and every stage that (transitively) reads them."""
+    marked = set(roots)
+    for name, stage in spec.stages.items():  # topological order: upstream marks come first
+        if marked & set(stage.upstream):
+            marked.add(name)
+    return marked
+
+
+def _check_names(spec: PipelineSpec, names: list[str], flag: str) -> None:
+    for name in names:
+        if name not in spec.stages:
+            raise UserError(f"{flag} {name!r}: no such stage in {spec.path}; stages: {', '.join(spec.stages)}")
+
+
+def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -> StageOutcome:
+    stage = spec.stages[name]
+    folder = artifact_dir(spec, name, key)
+    cfg = typed_config(stage, paths, str(folder), spec.path)
+    clear(folder)  # an incomplete previous attempt (no manifest) is never reused
+    console.rule(f"[bold]{name}[/] ({stage.kind})")
+    start = time.perf_counter()
+    metrics = STAGE_KINDS[stage.kind].run(cfg)
+    seconds = time.perf_counter() - start
+    folder.mkdir(parents=True, exist_ok=True)
+    write_manifest(folder, stage=stage.kind, config=to_dict(cfg), key=key, metrics=metrics, wall_time_s=seconds,
+                   inputs={up: paths[up] for up in stage.upstream}, extra={"name": name})
+    return StageOutcome(name, stage.kind, "ran", folder, key, seconds, metrics)
+
+
+def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: str | None = None,
+                 dry_run: bool = False) -> list[StageOutcome]:
+    force = force or []
+    _check_names(spec, force + ([until] if until else []), "--force/--until")
+    keys = stage_keys(spec)  # resolves and validates every stage's config before anything runs
+    forced = _downstream(spec, set(force))
+    paths = {name: str(artifact_dir(spec, name, key)) for name, key in keys.items()}
+    outcomes: list[StageOutcome] = []
+    if dry_run:
+        for name, key in keys.items():
+            typed_config(spec.stages[name], paths, paths[name], spec.path)
+            state = stage_state(spec, name, key)
+            outcomes.append(StageOutcome(name, spec.stages[name].kind, f"planned ({state.state})", state.path, key))
+        return outcomes
+    with workdir_lock(spec.workdir):
+        for name, key in keys.items():
+            state = stage_state(spec, name, key)
+            if state.state == "cached" and name not in forced:
+                console.print(f"[green]cached[/] {name} -> {state.path}")
+                outcomes.append(StageOutcome(name, spec.stages[name].kind, "cached", state.path, key,
+                                             metrics=state.manifest.get("metrics", {})))
+            else:
+                outcomes.append(_run_stage(spec, name, key, paths))
+            if name == until:
+                break
+    return outcomes
+
+
+def pipeline_status(spec: PipelineSpec) -> list[StageState]:
+    keys = stage_keys(spec)
+    return [stage_state(spec, name, key) for name, key in keys.items()]

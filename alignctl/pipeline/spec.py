@@ -1,0 +1,131 @@
+"""Pipeline files: named stages, each a stage kind + its config, chained by references.
+
+    workdir: work/quickstart           # artifacts go to <workdir>/<stage>-<key12>/
+    stages:
+      data:  {kind: preprocess, config: {dataset: arith}}
+      base:  {kind: init-model, config: {tokenizer_from: ["${data}/sft_train.parquet"]}}
+      sft:   {kind: sft, config: {model: {path: "${base}"}, data: {train_files: ["${data}/sft_train.parquet"]}}}
+
+``${name}`` (optionally followed by ``/sub/path``) in any string value is the artifact folder of
+stage ``name``; it makes ``name`` an upstream of the stage. Stages run in dependency order.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alignctl.config.core import apply_overrides, read_yaml_mapping
+from alignctl.errors import UserError
+
+REFERENCE = re.compile(r"\$\{([A-Za-z0-9_\-]+)\}")
+STAGE_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+@dataclass
+class StageSpec:
+    name: str
+    kind: str
+    config: dict[str, Any]
+    upstream: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PipelineSpec:
+    path: Path
+    workdir: Path
+    stages: dict[str, StageSpec]  # in run (topological) order
+
+
+def references(value: Any) -> set[str]:
+    """Stage names referenced anywhere inside a (nested) config value."""
+    if isinstance(value, str):
+        return set(REFERENCE.findall(value))
+    if isinstance(value, dict):
+        return set().union(*(references(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(references(v) for v in value)) if value else set()
+    return set()
+
+
+def substitute(value: Any, mapping: dict[str, str]) -> Any:
+    """Replace every ``${name}`` by ``mapping[name]`` inside a (nested) config value."""
+    if isinstance(value, str):
+        return REFERENCE.sub(lambda m: mapping[m.group(1)], value)
+    if isinstance(value, dict):
+        return {k: substitute(v, mapping) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, mapping) for v in value]
+    return value
+
+
+def _stage(path: Path, name: str, raw: Any, kinds: set[str]) -> StageSpec:
+    where = f"{path}: stage {name!r}"
+    if not STAGE_NAME.match(str(name)):
+        raise UserError(f"{where}: stage names may hold letters, digits, '_' and '-' only")
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a mapping with 'kind' and 'config'")
+    unknown = set(raw) - {"kind", "config"}
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; expected 'kind' and 'config'")
+    kind = raw.get("kind")
+    if kind not in kinds:
+        raise UserError(f"{where}: 'kind' expected one of {', '.join(sorted(kinds))}, got {kind!r}")
+    config = raw.get("config") or {}
+    if not isinstance(config, dict):
+        raise UserError(f"{where}: 'config' expected a mapping of config keys")
+    return StageSpec(str(name), kind, copy.deepcopy(config))
+
+
+def _order(path: Path, stages: dict[str, StageSpec]) -> dict[str, StageSpec]:
+    """Topological order (file order among independent stages); cycles and dangling refs fail."""
+    for stage in stages.values():
+        stage.upstream = sorted(references(stage.config))
+        missing = [u for u in stage.upstream if u not in stages]
+        if missing:
+            raise UserError(f"{path}: stage {stage.name!r} references unknown stage(s) {missing}; "
+                            f"known: {', '.join(stages)}")
+    ordered: dict[str, StageSpec] = {}
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        if name in visiting:
+            raise UserError(f"{path}: stages reference each other in a cycle through {name!r}")
+        visiting.add(name)
+        for up in stages[name].upstream:
+            visit(up)
+        visiting.discard(name)
+        ordered[name] = stages[name]
+
+    for name in stages:
+        visit(name)
+    return ordered
+
+
+def load_pipeline(path: str | Path, overrides: list[str], kinds: set[str]) -> PipelineSpec:
+    """Read a pipeline file; ``overrides`` are ``stage.key.sub=value`` (and ``workdir=...``)."""
+    path = Path(path)
+    data = read_yaml_mapping(path)
+    unknown = set(data) - {"workdir", "stages", "description"}
+    if unknown:
+        raise UserError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected workdir, stages, description")
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, dict) or not raw_stages:
+        raise UserError(f"{path}: 'stages' expected a non-empty mapping of stage name -> {{kind, config}}")
+    stages = {name: _stage(path, name, raw, kinds) for name, raw in raw_stages.items()}
+    workdir = data.get("workdir", "work")
+    for text in overrides:
+        head, _, rest = text.partition(".")
+        if text.startswith("workdir="):
+            workdir = text.partition("=")[2]
+        elif head in stages and rest:
+            apply_overrides(stages[head].config, [rest])
+        else:
+            raise UserError(f"command-line override {text!r}: expected STAGE.key=value with STAGE one of "
+                            f"{', '.join(stages)} (or workdir=PATH)")
+    return PipelineSpec(path, Path(workdir), _order(path, stages))

@@ -1,0 +1,107 @@
+"""Stage kinds: the typed schema of each, where its output folder goes, how to run it, and its
+headline metrics. The pipeline runner only talks to stages through this table."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alignctl.config.core import set_dotted
+
+
+@dataclass(frozen=True)
+class StageKind:
+    schema: str  # "module:Class"
+    output_key: str  # dotted config key that receives the artifact folder
+    run: Callable[[Any], dict[str, Any]]  # typed config -> metrics
+    version: int = 1  # bump when the stage's output format changes: invalidates cached artifacts
+
+    def schema_class(self) -> type:
+        module, name = self.schema.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def with_output(self, config: dict[str, Any], folder: Path) -> dict[str, Any]:
+        config = json.loads(json.dumps(config))  # deep copy of plain data
+        set_dotted(config, self.output_key.split("."), str(folder))
+        return config
+
+
+def _preprocess(cfg: Any) -> dict[str, Any]:
+    from alignctl.console import print_preprocess_report, progress_enabled
+    from alignctl.data.preprocess import run_preprocess
+
+    report = run_preprocess(cfg, progress=progress_enabled())
+    print_preprocess_report(report)
+    return {"rows": report.files, "dropped": report.dropped, "skipped": report.skipped}
+
+
+def _init_model(cfg: Any) -> dict[str, Any]:
+    from alignctl.models.tiny import init_model
+
+    info = init_model(out=cfg.out, tokenizer_from=cfg.tokenizer_from, arch=cfg.arch, hidden=cfg.hidden,
+                      layers=cfg.layers, heads=cfg.heads, intermediate=cfg.intermediate, vocab_size=cfg.vocab_size,
+                      tokenizer_kind=cfg.tokenizer_kind, max_position_embeddings=cfg.max_position_embeddings,
+                      seed=cfg.seed, overwrite=True)
+    return {"num_parameters": info.num_parameters, "vocab_size": info.vocab_size}
+
+
+def _sft(cfg: Any) -> dict[str, Any]:
+    from alignctl.console import progress_enabled
+    from alignctl.trainers.sft import print_sft_report, run_sft
+
+    result = run_sft(cfg, progress=progress_enabled())
+    print_sft_report(result)
+    return dict(result.metrics)
+
+
+def _train_rm(cfg: Any) -> dict[str, Any]:
+    from alignctl.console import progress_enabled
+    from alignctl.trainers.reward_model import print_rm_report, run_train_rm
+
+    result = run_train_rm(cfg, progress=progress_enabled())
+    print_rm_report(result)
+    return dict(result.metrics)
+
+
+def _rl(cfg: Any) -> dict[str, Any]:
+    from alignctl.trainers.rl_trainer import RLTrainer
+
+    result = RLTrainer(cfg).fit()
+    metrics: dict[str, Any] = {"steps": result.steps}
+    for row in result.val_history[:1] + result.val_history[-1:]:
+        prefix = "before" if row is result.val_history[0] and row["step"] == 0 else "after"
+        metrics.update({f"{prefix}/{k}": v for k, v in row.items() if k.startswith("val-core/")})
+    if result.history:
+        metrics.update({k: result.history[-1][k] for k in ("critic/score/mean", "actor/reference_kl")
+                        if k in result.history[-1]})
+    return metrics
+
+
+def _eval(cfg: Any) -> dict[str, Any]:
+    from alignctl.console import progress_enabled
+    from alignctl.eval import print_eval_report, run_eval
+
+    results = run_eval(cfg, progress=progress_enabled())
+    print_eval_report(results)
+    return results.headline()
+
+
+STAGE_KINDS: dict[str, StageKind] = {
+    "preprocess": StageKind("alignctl.config.preprocess:PreprocessConfig", "out", _preprocess),
+    "init-model": StageKind("alignctl.config.init_model:InitModelConfig", "out", _init_model),
+    "sft": StageKind("alignctl.config.sft:SFTConfig", "output_dir", _sft),
+    "train-rm": StageKind("alignctl.config.reward_model:RewardModelConfig", "output_dir", _train_rm),
+    "ppo": StageKind("alignctl.config.rl:RLConfig", "trainer.run_dir", _rl),
+    "grpo": StageKind("alignctl.config.rl:RLConfig", "trainer.run_dir", _rl),
+    "eval": StageKind("alignctl.config.eval:EvalConfig", "out", _eval),
+}
+
+# The RL kinds differ only in their default estimator (as `alignctl ppo` / `alignctl grpo`).
+KIND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ppo": {"algorithm": {"adv_estimator": "gae"}},
+    "grpo": {"algorithm": {"adv_estimator": "grpo"}},
+}

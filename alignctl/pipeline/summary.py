@@ -1,0 +1,54 @@
+"""What a person wants to see after a pipeline: one line of headline numbers per stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alignctl.console import console, print_table
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _pick(metrics: dict[str, Any], *needles: str) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in metrics.items() if any(n in k for n in needles) and isinstance(v, (int, float))]
+
+
+def headline(kind: str, metrics: dict[str, Any]) -> str:
+    if not metrics:
+        return ""
+    if kind == "preprocess":
+        return ", ".join(f"{k} {v}" for k, v in (metrics.get("rows") or {}).items())
+    if kind == "init-model":
+        return f"{metrics.get('num_parameters', 0):,} parameters"
+    if kind == "sft":
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/loss", "train/loss_end")[:3])
+    if kind == "train-rm":
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "accuracy", "margin")[:3])
+    if kind in ("ppo", "grpo"):
+        before = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("before/")}
+        after = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("after/")}
+        parts = [f"{k.split('/')[1]} {_fmt(before.get(k, float('nan')))} -> {_fmt(v)}" for k, v in after.items()]
+        return ", ".join(parts) or f"{metrics.get('steps', 0)} steps"
+    if kind == "eval":
+        win, ci = metrics.get("win_rate"), metrics.get("win_rate_ci")
+        text = f"win rate {_fmt(win)}" if win is not None else ""
+        if ci:
+            text += f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+        extra = _pick(metrics, "lc_win_rate", "pass@1")
+        return ", ".join([text, *(f"{k} {_fmt(v)}" for k, v in extra)]).strip(", ")
+    return ""
+
+
+def print_summary(outcomes: list[Any]) -> None:
+    rows = [[o.name, o.kind, o.state, f"{o.seconds:.1f}s" if o.seconds else "-", headline(o.kind, o.metrics)]
+            for o in outcomes]
+    print_table("pipeline", ["stage", "kind", "state", "time", "headline"], rows)
+    console.print("artifacts:")
+    for o in outcomes:
+        console.print(f"  {o.name}: {o.path}")
+    for o in outcomes:
+        report = o.path / "report.html"
+        if o.kind == "eval" and report.exists():
+            console.print(f"report ({o.name}): {report}")

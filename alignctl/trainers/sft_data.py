@@ -1,0 +1,72 @@
+"""Rows of user data -> TRL's prompt-completion format (conversational or plain text).
+
+Accepted inputs, per row: the prompt is chat messages or a string; the response is
+``[{role: assistant, content}]``, a single message dict, or a string. A key ``col.field`` reads a
+field of a dict column (verl's GSM8K RL parquet keeps the worked solution in
+``extra_info.answer``). Strings become chat messages when the chat template is to be applied, so
+the tokenizer's template renders every row the same way it will render prompts at RL time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from alignctl.errors import UserError
+
+if TYPE_CHECKING:
+    import datasets
+
+
+def _lookup(row: dict[str, Any], key: str) -> Any:
+    column, _, sub = key.partition(".")
+    value = row[column]
+    if sub:
+        if not isinstance(value, dict) or sub not in value:
+            raise KeyError(key)
+        value = value[sub]
+    return value
+
+
+def as_messages(value: Any, role: str, chat: bool, where: str) -> list[dict[str, str]] | str:
+    """One prompt/response value -> a list of {role, content} (chat) or a plain string."""
+    if isinstance(value, dict) and "content" in value:
+        value = [value]
+    if isinstance(value, str):
+        if not value.strip():
+            raise UserError(f"{where}: empty text; expected a non-empty string or chat messages")
+        return [{"role": role, "content": value}] if chat else value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        try:
+            return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
+        except KeyError as exc:
+            raise UserError(f"{where}: message without {exc.args[0]!r}; expected {{role, content}}") from None
+    raise UserError(f"{where}: expected a string or a non-empty list of {{role, content}} messages, "
+                    f"got {type(value).__name__}")
+
+
+def to_prompt_completion(ds: datasets.Dataset, prompt_key: str, response_key: str, *, chat: bool,
+                         where: str) -> datasets.Dataset:
+    """A Dataset with exactly ``prompt`` and ``completion`` columns, in one format for all rows.
+
+    ``where`` names the source (file names) in errors, with the row index appended."""
+    import datasets
+
+    for key in (prompt_key, response_key):
+        column = key.partition(".")[0]
+        if column not in ds.column_names:
+            raise UserError(f"{where}: missing column {column!r} (data.{'prompt' if key == prompt_key else 'response'}"
+                            f"_key={key!r}); found: {', '.join(ds.column_names)}")
+    prompts, completions = [], []
+    for i, row in enumerate(ds.select_columns(sorted({k.partition('.')[0] for k in (prompt_key, response_key)}))):
+        try:
+            prompt, response = _lookup(row, prompt_key), _lookup(row, response_key)
+        except KeyError as exc:
+            raise UserError(f"{where} row {i}: no field {exc.args[0]!r}") from None
+        prompt = as_messages(prompt, "user", chat, f"{where} row {i} {prompt_key!r}")
+        response = as_messages(response, "assistant", chat, f"{where} row {i} {response_key!r}")
+        if isinstance(prompt, str) != isinstance(response, str):
+            raise UserError(f"{where} row {i}: prompt and response must both be chat messages or both strings "
+                            f"(set data.apply_chat_template=true to convert strings)")
+        prompts.append(prompt)
+        completions.append(response)
+    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions})

@@ -1,0 +1,35 @@
+"""The reward-model role: scores (prompt, response) with a sequence-classification RM.
+
+The RM re-tokenizes each conversation with its OWN tokenizer and chat template (it may differ from
+the policy's), reads the score at the last token, and normalises with the mean/std train-rm saved.
+The controller sends decoded text, never token ids, for that reason. Scoring is plain inference
+(no collectives), so it may interleave freely with other roles' calls in the same process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from alignctl.batch import Batch
+from alignctl.config.core import build_config
+from alignctl.config.rl import RLConfig
+from alignctl.eval.scoring import RewardScorer
+from alignctl.workers.group import DistContext
+
+
+class RewardModelWorker:
+    """Role ``rm``: ``compute_rm_score``."""
+
+    def __init__(self, ctx: DistContext, config: dict[str, Any]) -> None:
+        cfg: RLConfig = build_config(RLConfig, config)
+        rm = cfg.reward_model
+        self.scorer = RewardScorer(rm.model.path, device=ctx.device, dtype=cfg.actor_rollout_ref.model.dtype,
+                                   batch_size=rm.micro_batch_size_per_gpu or 64, max_length=None,
+                                   normalize=rm.normalize, progress=False)
+
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        reply = [[{"role": "assistant", "content": text}] for text in batch["response_text"]]
+        scores = self.scorer.score(list(zip(batch["raw_prompt"], reply)), "reward model")
+        return Batch({"rm_scores": torch.as_tensor(scores, dtype=torch.float32)})
