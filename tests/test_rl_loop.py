@@ -155,3 +155,27 @@ def test_scores_stay_attached_to_their_responses_after_balancing(assets, tmp_pat
     scores = batch["token_level_scores"].sum(-1).tolist()
     assert len(set(round(e, 6) for e in expected)) > 1  # responses differ, so a shuffle would show
     assert scores == pytest.approx(expected, abs=1e-6)
+
+
+def test_on_policy_shortcut_equals_explicit_old_log_probs(assets, tmp_path):
+    """With one optimizer step per batch the trainer skips the old-log-prob pass and uses the current
+    log-probs, detached: the loss and gradient must equal those with old log-probs computed first."""
+    from alignctl.trainers.rl_trainer import is_on_policy
+
+    results = []
+    for explicit in (True, False):
+        group = _update_group(assets, tmp_path / str(explicit), world=1, micro=8)
+        try:
+            batch = group.split("actor", "generate_sequences", _prompt_batch(group, assets))
+            gen = torch.Generator().manual_seed(0)
+            train = batch.union(Batch({"advantages": torch.randn(batch["response_mask"].shape, generator=gen)}))
+            if explicit:
+                train = train.union(group.split("actor", "compute_log_prob", batch).select(["old_log_probs"]))
+            results.append(group.split_collect("actor", "update_actor", train)[0])
+        finally:
+            group.shutdown()
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert results[1][key] == pytest.approx(results[0][key], rel=1e-6, abs=1e-7), key
+    assert is_on_policy(rl_config(assets, tmp_path / "a"))
+    assert not is_on_policy(rl_config(assets, tmp_path / "b", "actor_rollout_ref.actor.ppo_mini_batch_size=2"))
+    assert not is_on_policy(rl_config(assets, tmp_path / "c", "algorithm.use_kl_in_reward=true"))

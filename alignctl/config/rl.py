@@ -42,9 +42,10 @@ class ModelConfig:
     path: str | None = field(None, help="HF model folder (or hub name when online).")
     tokenizer_path: str | None = field(None, help="Tokenizer folder (default: model.path).")
     dtype: str = field("float32", help="Parameter dtype.", choices=("float32", "bfloat16", "float16"))
-    attn_implementation: str = field("sdpa", help="Attention kernel (alignctl_segment_sdpa: packed sequences attend "
-                                                  "segment by segment, cost sum(len^2)).",
-                                     choices=("sdpa", "eager", "flash_attention_2", "alignctl_segment_sdpa"))
+    attn_implementation: str = field("auto", help="Attention kernel. auto: flash_attention_2 on GPU when installed, "
+                                                  "else alignctl_segment_sdpa when packing (packed sequences attend "
+                                                  "segment by segment, cost sum(len^2)), else sdpa.",
+                                     choices=("auto", "sdpa", "eager", "flash_attention_2", "alignctl_segment_sdpa"))
     use_remove_padding: bool = field(True, help="Pack sequences (block-diagonal attention) in log-prob and training forwards.")
     max_packed_row_tokens: int = field(2048, help="Most tokens per packed row: with a dense block-diagonal mask "
                                                   "(sdpa, eager) attention cost grows with the square of a row.")

@@ -54,7 +54,7 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
 
 def kl_metrics(batch: Batch) -> dict[str, float]:
     """Mean per-token KL(actor || ref) estimate (k1) over response tokens, for monitoring."""
-    if "ref_log_prob" not in batch:
+    if "ref_log_prob" not in batch or "old_log_probs" not in batch:
         return {}
     diff = batch["old_log_probs"] - batch["ref_log_prob"]
     return {"actor/reference_kl": float(masked_mean(diff, batch["response_mask"].float()))}

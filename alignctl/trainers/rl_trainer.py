@@ -53,6 +53,7 @@ class RLTrainer:
         self.workers = None
         self.last_batch: Batch | None = None
         self.need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.on_policy = is_on_policy(cfg)
 
     # ------------------------------------------------------------------ the step
 
@@ -63,8 +64,9 @@ class RLTrainer:
                 batch, pending_reward = self.collect_batch(prompts, timer)
             order = self.balance_order(batch)
             batch = batch.index(order)
-            with timer("old_log_prob"):
-                batch = batch.union(self.workers.split("actor", "compute_log_prob", batch.select(LOGP_INPUTS)))
+            if not self.on_policy:
+                with timer("old_log_prob"):
+                    batch = batch.union(self.workers.split("actor", "compute_log_prob", batch.select(LOGP_INPUTS)))
             if self.need_ref:
                 with timer("ref"):
                     batch = batch.union(self.workers.split("actor", "compute_ref_log_prob", batch.select(LOGP_INPUTS)))
@@ -179,6 +181,16 @@ class RLTrainer:
         metrics["timing_s/validation"] = time.perf_counter() - start
         tracker.log(metrics, self.global_step)
         result.val_history.append({"step": self.global_step, **metrics})
+
+
+def is_on_policy(cfg: RLConfig) -> bool:
+    """One optimizer step per batch (one epoch, one mini-batch): the policy that sampled is the one
+    being updated, so the PPO ratio's "old" log-probs equal the current ones detached and the
+    separate old-log-prob pass can be skipped (exact: same weights, same inputs). KL-in-reward
+    still needs them before the update."""
+    actor = cfg.actor_rollout_ref.actor
+    return (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
+            and not cfg.algorithm.use_kl_in_reward)
 
 
 def _summary(result: RunResult) -> dict[str, Any]:

@@ -110,8 +110,10 @@ class ActorRolloutRefWorker:
             position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
             use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
             max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
+        # On-policy steps skip the old-log-prob pass: the sampling policy is the current one.
+        old = part["old_log_probs"] if "old_log_probs" in part else out.log_probs.detach()
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(
-            part["old_log_probs"], out.log_probs, part["advantages"], mask,
+            old, out.log_probs, part["advantages"], mask,
             loss_agg_mode=actor.loss_agg_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
             clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c, **counts)
         entropy = agg_loss(out.entropy, mask, actor.loss_agg_mode, **counts)

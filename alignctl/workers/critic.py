@@ -14,7 +14,7 @@ from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
-from alignctl.workers.model_setup import attach_optimizer
+from alignctl.workers.model_setup import attach_optimizer, resolve_attn_implementation
 from alignctl.workers.strategy import make_engine
 from alignctl.workers.update_loop import run_update
 
@@ -28,8 +28,8 @@ class CriticWorker:
         critic = self.cfg.critic
         arr = self.cfg.actor_rollout_ref
         torch.manual_seed(self.cfg.trainer.seed + 1)
-        model = load_value_model(critic.model.path or arr.model.path, dtype=arr.model.dtype,
-                                 attn_implementation=arr.model.attn_implementation)
+        attn = resolve_attn_implementation(arr.model.attn_implementation, ctx.device, critic.model.use_remove_padding)
+        model = load_value_model(critic.model.path or arr.model.path, dtype=arr.model.dtype, attn_implementation=attn)
         if ctx.device == "cuda":
             model = model.cuda()
         if critic.model.enable_gradient_checkpointing:
