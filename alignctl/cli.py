@@ -150,6 +150,29 @@ def init_model(
     typer.echo(f"wrote {info.path}: {info.num_parameters:,} parameters, vocabulary {info.vocab_size} ({info.tokenizer_kind})")
 
 
+# ------------------------------------------------------------------------------ sft / train-rm
+
+
+@app.command()
+def sft(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+    """Supervised fine-tuning (TRL SFTTrainer, loss on completion tokens) -> HF model folder."""
+    from alignctl.config import load_config
+    from alignctl.config.sft import SFTConfig
+    from alignctl.trainers.sft import print_sft_report, run_sft
+
+    print_sft_report(run_sft(load_config(SFTConfig, config, overrides or []), progress=_interactive()))
+
+
+@app.command("train-rm")
+def train_rm(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+    """Reward-model training on chosen/rejected pairs (TRL RewardTrainer) -> sequence classifier."""
+    from alignctl.config import load_config
+    from alignctl.config.reward_model import RewardModelConfig
+    from alignctl.trainers.reward_model import print_rm_report, run_train_rm
+
+    print_rm_report(run_train_rm(load_config(RewardModelConfig, config, overrides or []), progress=_interactive()))
+
+
 # ------------------------------------------------------------------------------ RL
 
 

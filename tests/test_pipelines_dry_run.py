@@ -1,0 +1,185 @@
+"""Every YAML file users start from in ``pipelines/`` is valid, offline and fast.
+
+- pipeline files (``stages:``) resolve and validate under ``alignctl run FILE --dry-run``;
+- single-stage config files (top-level ``stage:``) resolve under ``alignctl config show --config``;
+- each pipeline's stage graph (names, kinds, upstream edges) is the documented one;
+- the GPU starting points carry the hyperparameters their comments promise (verl's);
+- the data stage of each GPU pipeline really runs offline on local inputs and writes every file
+  the downstream stages reference (the model stages need a GPU and the hub, so they are not run).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alignctl.config.core import read_yaml_mapping
+from alignctl.data.rl_dataset import read_prompt_files
+from alignctl.errors import UserError
+from alignctl.pipeline.runner import load, run_pipeline
+from alignctl.pipeline.spec import PipelineSpec
+from conftest import REPO_ROOT, SHARED_DATA, run_cli
+
+PIPELINES = REPO_ROOT / "pipelines"
+ALL_FILES = sorted(PIPELINES.glob("*.yaml"))
+STAGE_FILES = [p for p in ALL_FILES if "stage" in read_yaml_mapping(p)]
+PIPELINE_FILES = [p for p in ALL_FILES if "stages" in read_yaml_mapping(p)]
+
+# name -> (kind, upstream stages), for every pipeline file shipped.
+EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
+    "quickstart.yaml": {
+        "data": ("preprocess", []),
+        "base_model": ("init-model", ["data"]),
+        "sft": ("sft", ["base_model", "data"]),
+        "reward_model": ("train-rm", ["data", "sft"]),
+        "ppo": ("ppo", ["data", "reward_model", "sft"]),
+        "grpo": ("grpo", ["data", "sft"]),
+        "eval_ppo": ("eval", ["data", "ppo", "reward_model", "sft"]),
+        "eval_grpo": ("eval", ["data", "grpo", "reward_model", "sft"]),
+    },
+    "gsm8k_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
+    "gsm8k_ppo.yaml": {"data": ("preprocess", []), "ppo": ("ppo", ["data"]), "eval": ("eval", ["data", "ppo"])},
+    "math_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
+    "hh_rlhf_rm_ppo.yaml": {
+        "data": ("preprocess", []),
+        "sft": ("sft", ["data"]),
+        "reward_model": ("train-rm", ["data", "sft"]),
+        "ppo": ("ppo", ["data", "reward_model", "sft"]),
+        "eval": ("eval", ["data", "ppo", "reward_model", "sft"]),
+    },
+}
+
+GPU_PIPELINES = ("gsm8k_grpo.yaml", "gsm8k_ppo.yaml", "math_grpo.yaml", "hh_rlhf_rm_ppo.yaml")
+
+# Local inputs that make each GPU pipeline's data stage run offline (None: the file's default).
+OFFLINE_DATA_OVERRIDES: dict[str, list[str] | None] = {
+    "gsm8k_grpo.yaml": [f"data.input={SHARED_DATA / 'gsm8k'}"],
+    "gsm8k_ppo.yaml": [f"data.input={SHARED_DATA / 'gsm8k'}"],
+    "math_grpo.yaml": None,  # data/math_sample.jsonl ships with the repository
+    "hh_rlhf_rm_ppo.yaml": [f"data.input={SHARED_DATA / 'hh-rlhf-harmless' / 'test.jsonl.gz'}",
+                            "data.test_fraction=0.1"],
+}
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.name for p in paths]
+
+
+def test_every_file_is_classified():
+    """A new file must be a pipeline or a stage config, and a new pipeline needs an expected graph."""
+    assert set(STAGE_FILES) | set(PIPELINE_FILES) == set(ALL_FILES)
+    assert not set(STAGE_FILES) & set(PIPELINE_FILES)
+    assert {p.name for p in PIPELINE_FILES} == set(EXPECTED_GRAPHS)
+    assert set(GPU_PIPELINES) <= set(EXPECTED_GRAPHS)
+
+
+@pytest.mark.parametrize("path", PIPELINE_FILES, ids=_ids(PIPELINE_FILES))
+def test_pipeline_dry_run_validates(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(REPO_ROOT)  # relative inputs (data/math_sample.jsonl) resolve from the repo root
+    result = run_cli("run", str(path.relative_to(REPO_ROOT)), "--dry-run", f"workdir={tmp_path / 'work'}")
+    assert result.code == 0, result.stderr
+    assert not (tmp_path / "work").exists()  # a dry run writes nothing
+    outcomes = run_pipeline(load(path, [f"workdir={tmp_path / 'work'}"]), dry_run=True)
+    assert [o.state for o in outcomes] == ["planned (missing)"] * len(outcomes)
+
+
+@pytest.mark.parametrize("path", PIPELINE_FILES, ids=_ids(PIPELINE_FILES))
+def test_pipeline_stage_graph(path: Path):
+    spec = load(path, [])
+    graph = {name: (stage.kind, stage.upstream) for name, stage in spec.stages.items()}
+    assert graph == EXPECTED_GRAPHS[path.name]
+    # Run order is topological: every upstream stage comes earlier.
+    order = list(spec.stages)
+    for name, stage in spec.stages.items():
+        assert all(order.index(up) < order.index(name) for up in stage.upstream), name
+
+
+@pytest.mark.parametrize("path", STAGE_FILES, ids=_ids(STAGE_FILES))
+def test_stage_config_resolves(path: Path):
+    result = run_cli("config", "show", "--config", str(path))
+    assert result.code == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    declared = read_yaml_mapping(path)
+    # Every value the file sets survives resolution unchanged (defaults fill in the rest).
+    for key, value in declared.items():
+        if key != "stage" and not isinstance(value, dict):
+            assert resolved[key] == value, key
+
+
+def _rl_config(name: str, stage: str) -> Any:
+    from alignctl.pipeline.cache import typed_config
+
+    spec = load(PIPELINES / name, [])
+    return typed_config(spec.stages[stage], {s: f"<{s}>" for s in spec.stages}, "<out>", spec.path)
+
+
+def test_gsm8k_grpo_uses_verl_hyperparameters():
+    """verl examples/grpo_trainer/run_qwen2-7b.sh, on Qwen2.5-0.5B-Instruct (TP 1: one GPU per worker)."""
+    cfg = _rl_config("gsm8k_grpo.yaml", "grpo")
+    arr, actor, rollout = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert (cfg.data.train_batch_size, cfg.data.max_prompt_length, cfg.data.max_response_length) == (1024, 512, 1024)
+    assert arr.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and arr.model.dtype == "bfloat16"
+    assert (actor.strategy, actor.optim.lr, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu) == \
+        ("fsdp2", 1e-6, 256, 40)
+    assert (actor.use_kl_loss, actor.kl_loss_coef, actor.kl_loss_type, actor.entropy_coeff) == \
+        (True, 0.001, "low_var_kl", 0.0)
+    assert (rollout.name, rollout.n, rollout.gpu_memory_utilization, rollout.tensor_model_parallel_size) == \
+        ("vllm", 5, 0.6, 1)
+    assert (cfg.algorithm.adv_estimator, cfg.algorithm.use_kl_in_reward, cfg.use_critic) == ("grpo", False, False)
+    assert (cfg.trainer.n_gpus_per_node, cfg.trainer.total_epochs, cfg.trainer.test_freq) == (8, 15, 5)
+
+
+def test_gsm8k_ppo_uses_verl_hyperparameters():
+    """verl's quickstart 'PPO on GSM8K with Qwen2.5-0.5B-Instruct'."""
+    cfg = _rl_config("gsm8k_ppo.yaml", "ppo")
+    actor = cfg.actor_rollout_ref.actor
+    assert cfg.use_critic and cfg.algorithm.adv_estimator == "gae"
+    assert (cfg.data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu) == (256, 64, 4)
+    assert (actor.optim.lr, cfg.critic.optim.lr) == (1e-6, 1e-5)
+    assert cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_ctrl.kl_coef == 0.001
+    assert cfg.actor_rollout_ref.rollout.name == "vllm"
+
+
+def test_rm_ppo_scores_with_the_reward_model_only():
+    cfg = _rl_config("hh_rlhf_rm_ppo.yaml", "ppo")
+    assert cfg.reward_model.enable and cfg.reward_model.model.path == "<reward_model>"
+    assert cfg.reward_model.rule_weight == 0.0 and cfg.use_critic
+
+
+def _referenced_files(spec: PipelineSpec, stage: str) -> set[str]:
+    """Sub-paths of ``stage``'s artifact that other stages read (``${stage}/file``)."""
+    pattern = re.compile(r"\$\{" + re.escape(stage) + r"\}/([^\"'\s]+)")
+    return {m for other in spec.stages.values() for m in pattern.findall(yaml.safe_dump(other.config))}
+
+
+@pytest.mark.parametrize("name", GPU_PIPELINES)
+def test_data_stage_runs_offline_and_writes_what_downstream_reads(name: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch):
+    overrides = OFFLINE_DATA_OVERRIDES[name]
+    if overrides is not None and not SHARED_DATA.exists():
+        pytest.skip(f"needs the shared data folder at {SHARED_DATA}")
+    monkeypatch.chdir(REPO_ROOT)
+    spec = load(PIPELINES / name, [*(overrides or []), f"workdir={tmp_path}"])
+    (outcome,) = run_pipeline(spec, until="data")
+    assert outcome.state == "ran"
+    wanted = _referenced_files(spec, "data")
+    assert wanted, "no stage reads the data stage"
+    for file in sorted(wanted):
+        assert (outcome.path / file).is_file(), file
+
+
+@pytest.mark.xfail(strict=True, raises=UserError,
+                   reason="KNOWN GAP: HH preference parquet has no reward_model column, so PPO/eval cannot "
+                          "read it as RL prompts (see pipelines/hh_rlhf_rm_ppo.yaml)")
+def test_hh_preference_rows_are_readable_as_rl_prompts(tmp_path: Path):
+    if not SHARED_DATA.exists():
+        pytest.skip(f"needs the shared data folder at {SHARED_DATA}")
+    overrides = OFFLINE_DATA_OVERRIDES["hh_rlhf_rm_ppo.yaml"] or []
+    spec = load(PIPELINES / "hh_rlhf_rm_ppo.yaml", [*overrides, f"workdir={tmp_path}"])
+    (outcome,) = run_pipeline(spec, until="data")
+    frame = read_prompt_files([str(outcome.path / "train.parquet")], "prompt")
+    assert len(frame) > 0
