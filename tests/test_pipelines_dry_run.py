@@ -172,9 +172,6 @@ def test_data_stage_runs_offline_and_writes_what_downstream_reads(name: str, tmp
         assert (outcome.path / file).is_file(), file
 
 
-@pytest.mark.xfail(strict=True, raises=UserError,
-                   reason="KNOWN GAP: HH preference parquet has no reward_model column, so PPO/eval cannot "
-                          "read it as RL prompts (see pipelines/hh_rlhf_rm_ppo.yaml)")
 def test_hh_preference_rows_are_readable_as_rl_prompts(tmp_path: Path):
     if not SHARED_DATA.exists():
         pytest.skip(f"needs the shared data folder at {SHARED_DATA}")

@@ -73,6 +73,18 @@ class PolicyLossConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    zero_stage: int = field(2, help="ZeRO stage (strategy=deepspeed): 2 shards gradients and optimizer states over "
+                                    "the workers, 3 also shards the parameters.", choices=(2, 3))
+    offload_optimizer: bool = field(False, help="Keep optimizer states and the optimizer step in CPU memory "
+                                                "(ZeRO-Offload); frees GPU memory, a no-op for CPU workers.")
+    offload_param: bool = field(False, help="ZeRO-3 only: keep the parameter shards in CPU memory between uses; "
+                                            "a no-op for CPU workers.")
+    param_persistence_threshold: int = field(100000, help="ZeRO-3: parameters with at most this many elements are "
+                                                          "not sharded (DeepSpeed's stage3_param_persistence_threshold).")
+
+
+@dataclass
 class ActorConfig:
     strategy: str = field("ddp", help="Training backend.", choices=STRATEGIES)
     ppo_mini_batch_size: int = field(16, help="Prompts per optimizer step (x rollout.n responses).")
@@ -96,6 +108,7 @@ class ActorConfig:
     kl_loss_type: str = field("low_var_kl", help="KL estimator of the KL loss (k1, abs, k2/mse, k3/low_var_kl, k1+, k3+).")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, help="Policy loss selection.")
     optim: OptimConfig = section(OptimConfig, help="Optimizer of the actor.")
+    deepspeed: DeepSpeedConfig = section(DeepSpeedConfig, help="ZeRO options when strategy=deepspeed.")
 
 
 @dataclass
@@ -129,7 +142,6 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = field(True, help="Actor, rollout and reference share one worker process (always true).")
     model: ModelConfig = section(ModelConfig, help="The policy model.")
     actor: ActorConfig = section(ActorConfig, help="Actor training.")
     ref: RefConfig = section(RefConfig, help="Reference policy.")
@@ -148,6 +160,7 @@ class CriticConfig:
     strategy: str = field("ddp", help="Training backend.", choices=STRATEGIES)
     model: CriticModelConfig = section(CriticModelConfig, help="The value model.")
     optim: OptimConfig = section(OptimConfig, help="Optimizer of the critic.")
+    deepspeed: DeepSpeedConfig = section(DeepSpeedConfig, help="ZeRO options when strategy=deepspeed.")
     ppo_mini_batch_size: int | None = field(None, help="Prompts per critic step (default: the actor's).")
     ppo_micro_batch_size_per_gpu: int | None = field(None, help="Responses per critic forward/backward.")
     use_dynamic_bsz: bool = field(False, help="Token-budgeted micro-batches.")
@@ -239,6 +252,17 @@ class RLConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, help="Advantages and KL.")
     trainer: TrainerConfig = section(TrainerConfig, help="Loop, workers, logging, checkpoints.")
 
+    def _check_registries(self) -> None:
+        from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
+
+        estimator = self.algorithm.adv_estimator
+        if estimator not in ADV_ESTIMATORS:
+            raise UserError(f"key 'algorithm.adv_estimator' expected one of {', '.join(ADV_ESTIMATORS)}, got {estimator!r}")
+        loss = self.actor_rollout_ref.actor.policy_loss.loss_mode
+        if loss not in POLICY_LOSSES:
+            raise UserError(f"key 'actor_rollout_ref.actor.policy_loss.loss_mode' expected one of "
+                            f"{', '.join(POLICY_LOSSES)}, got {loss!r}")
+
     @property
     def use_critic(self) -> bool:
         return self.algorithm.adv_estimator in CRITIC_ESTIMATORS
@@ -256,6 +280,10 @@ class RLConfig:
             raise UserError(f"key 'actor_rollout_ref.actor.ppo_mini_batch_size' ({actor.ppo_mini_batch_size}) "
                             f"must divide data.train_batch_size ({self.data.train_batch_size})")
         world = self.trainer.nnodes * self.trainer.n_gpus_per_node
+        if self.data.train_batch_size % world:
+            raise UserError(f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by the number of "
+                            f"workers ({world}): each worker generates for an equal share of the prompts")
+        self._check_registries()
         if (actor.ppo_mini_batch_size * n) % world:
             raise UserError(f"ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size * n}) must be "
                             f"divisible by the number of workers ({world})")

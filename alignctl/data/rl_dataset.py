@@ -20,7 +20,8 @@ import torch
 from alignctl.batch import Batch
 from alignctl.errors import UserError
 
-REQUIRED_COLUMNS = ("data_source", "reward_model")
+# reward_model (the rule ground truth) is optional: reward-model-only runs (e.g. HH) have none.
+REQUIRED_COLUMNS = ("data_source",)
 
 
 def _plain(value: Any) -> Any:
@@ -72,7 +73,7 @@ class RLPromptDataset:
             if len(ids) > max_prompt_length:
                 self.filtered += 1
                 continue
-            reward_model = _plain(record["reward_model"]) or {}
+            reward_model = _plain(record.get("reward_model")) or {}
             self.rows.append({
                 "prompt_ids": ids,
                 "raw_prompt": messages,

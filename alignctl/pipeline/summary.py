@@ -27,10 +27,7 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
     if kind == "train-rm":
         return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "accuracy", "margin")[:3])
     if kind in ("ppo", "grpo"):
-        before = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("before/")}
-        after = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("after/")}
-        parts = [f"{k.split('/')[1]} {_fmt(before.get(k, float('nan')))} -> {_fmt(v)}" for k, v in after.items()]
-        return ", ".join(parts) or f"{metrics.get('steps', 0)} steps"
+        return _rl_headline(metrics)
     if kind == "eval":
         win, ci = metrics.get("win_rate"), metrics.get("win_rate_ci")
         text = f"win rate {_fmt(win)}" if win is not None else ""
@@ -39,6 +36,23 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
         extra = _pick(metrics, "lc_win_rate", "pass@1")
         return ", ".join([text, *(f"{k} {_fmt(v)}" for k, v in extra)]).strip(", ")
     return ""
+
+
+def _val_source(key: str) -> str:
+    """'before/val-core/openai/gsm8k/acc/mean@1' -> 'openai/gsm8k acc mean@1'."""
+    body = key.split("/", 1)[1].removeprefix("val-core/")
+    source, _, metric = body.rpartition("/acc/")
+    return f"{source} acc {metric}"
+
+
+def _rl_headline(metrics: dict[str, Any]) -> str:
+    before = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("before/")}
+    after = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("after/")}
+    parts = []
+    for key, value in after.items():
+        name = _val_source(f"after/{key}")
+        parts.append(f"{name} {_fmt(before[key])} -> {_fmt(value)}" if key in before else f"{name} {_fmt(value)}")
+    return ", ".join(parts) or f"{metrics.get('steps', 0)} steps"
 
 
 def print_summary(outcomes: list[Any]) -> None:

@@ -43,16 +43,12 @@ class RewardComputer:
         """Token-level scores; ``use_model=False`` gives rule/custom scores only (validation
         accuracy is about correctness, not the RM's opinion)."""
         texts = self.decode(batch)
-        out = self.manager(RewardInputs(
-            data_sources=batch["data_source"], responses=texts, ground_truths=batch["ground_truth"],
-            response_width=batch["responses"].shape[1], extra_infos=batch["extra_info"],
-            response_mask=batch["response_mask"]))
-        scores = out.token_level_scores.float() * (self.rule_weight if use_model else 1.0)
-        metrics = {"reward/num_timeouts": float(out.num_timeouts), "reward/num_crashes": float(out.num_crashes)}
-        for key, values in out.extra.items():
-            numeric = [float(v) for v in values if isinstance(v, (int, float))]
-            if numeric:
-                metrics[f"reward/extra/{key}/mean"] = sum(numeric) / len(numeric)
+        rules_off = use_model and self.model_scorer is not None and self.rule_weight == 0
+        if rules_off:  # RM-only rewards (e.g. HH dialogue): no rule scorer exists for such data
+            scores, metrics = torch.zeros(batch["responses"].shape, dtype=torch.float32), {}
+        else:
+            scores, metrics = self._rule_scores(batch, texts)
+            scores = scores * (self.rule_weight if use_model else 1.0)
         if self.model_scorer is not None and use_model:
             texts_batch = Batch(lists={"raw_prompt": batch["raw_prompt"], "response_text": texts})
             rm_scores = self.model_scorer(texts_batch)["rm_scores"]  # [N] one score per response
@@ -60,6 +56,18 @@ class RewardComputer:
             scores[torch.arange(len(batch)), last] += self.rm_weight * rm_scores.float()
             metrics["reward/rm_score/mean"] = float(rm_scores.float().mean())
         return Batch({"token_level_scores": scores}, meta={"reward_metrics": metrics})
+
+    def _rule_scores(self, batch: Batch, texts: list[str]) -> tuple[torch.Tensor, dict[str, float]]:
+        out = self.manager(RewardInputs(
+            data_sources=batch["data_source"], responses=texts, ground_truths=batch["ground_truth"],
+            response_width=batch["responses"].shape[1], extra_infos=batch["extra_info"],
+            response_mask=batch["response_mask"]))
+        metrics = {"reward/num_timeouts": float(out.num_timeouts), "reward/num_crashes": float(out.num_crashes)}
+        for key, values in out.extra.items():
+            numeric = [float(v) for v in values if isinstance(v, (int, float))]
+            if numeric:
+                metrics[f"reward/extra/{key}/mean"] = sum(numeric) / len(numeric)
+        return out.token_level_scores.float(), metrics
 
     def submit(self, batch: Batch) -> Future[Batch]:
         return self.pool.submit(self.score, batch)

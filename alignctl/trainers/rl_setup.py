@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from alignctl.config.core import to_dict
+from alignctl.console import console
 from alignctl.config.rl import RLConfig
 from alignctl.data.rl_dataset import PromptLoader, RLPromptDataset, load_dataset_class
 from alignctl.errors import UserError
@@ -39,6 +40,10 @@ def build_components(cfg: RLConfig) -> RLComponents:
     tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, padding_side="left")
     train = _dataset(cfg, cfg.data.train_files, tokenizer, None)
     val = _dataset(cfg, cfg.data.val_files, tokenizer, cfg.data.max_val_samples) if cfg.data.val_files else None
+    for name, data in (("train", train), ("val", val)):
+        if data is not None and getattr(data, "filtered", 0):
+            console.print(f"[yellow]{name}: {data.filtered} prompts longer than data.max_prompt_length="
+                          f"{cfg.data.max_prompt_length} tokens were filtered out ({len(data)} kept)[/]")
     loader = PromptLoader(train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
     total = cfg.trainer.total_training_steps or loader.steps_per_epoch * cfg.trainer.total_epochs
     if total < 1:

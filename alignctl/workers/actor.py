@@ -15,6 +15,7 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import SamplingParams, get_rollout_engine
+from alignctl.workers.device import on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, save_hf_folder
@@ -76,6 +77,7 @@ class ActorRolloutRefWorker:
         return torch.cat(logps), (torch.cat(ents) if entropy else None)
 
     @torch.no_grad()
+    @on_worker_device
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Log-probs of the sampled responses under the current policy (PPO's "old" policy)."""
         micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
@@ -84,6 +86,7 @@ class ActorRolloutRefWorker:
         return Batch({"old_log_probs": logp, "entropys": ent})
 
     @torch.no_grad()
+    @on_worker_device
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         micro = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
         with self.policy.reference() as ref:
@@ -92,6 +95,7 @@ class ActorRolloutRefWorker:
 
     # ------------------------------------------------------------------ update
 
+    @on_worker_device
     def update_actor(self, batch: Batch) -> dict[str, float]:
         actor = self.cfg.actor_rollout_ref.actor
         mini_rows = actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.ctx.world_size

@@ -12,6 +12,7 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
+from alignctl.workers.device import on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import attach_optimizer, resolve_attn_implementation
@@ -48,6 +49,7 @@ class CriticWorker:
                               max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
 
     @torch.no_grad()
+    @on_worker_device
     def compute_values(self, batch: Batch) -> Batch:
         micro = self.cfg.critic.ppo_micro_batch_size_per_gpu or len(batch)
         with self.engine.gathered() as model:
@@ -63,6 +65,7 @@ class CriticWorker:
             norm_length=self.cfg.data.max_response_length)
         return loss, {"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": clipfrac}
 
+    @on_worker_device
     def update_critic(self, batch: Batch) -> dict[str, float]:
         critic, actor = self.cfg.critic, self.cfg.actor_rollout_ref.actor
         prompts = critic.ppo_mini_batch_size or actor.ppo_mini_batch_size

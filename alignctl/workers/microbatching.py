@@ -19,7 +19,7 @@ import torch.distributed as dist
 from alignctl.algos import count_loss_seqs, count_loss_tokens
 from alignctl.batch import Batch
 from alignctl.models.microbatch import dynamic_micro_batches, fixed_micro_batches
-from alignctl.workers.strategy import all_reduce_max
+from alignctl.workers.strategy import all_reduce_max, collective_device
 
 
 @dataclass
@@ -52,6 +52,7 @@ def micro_batches(batch: Batch, plan: MicroBatchPlan) -> list[Batch]:
 def global_counts(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, sequences) with a non-empty response, summed over all ranks."""
     counts = torch.stack([count_loss_tokens(response_mask), count_loss_seqs(response_mask)]).float()
+    counts = counts.to(collective_device())
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(counts)
     return counts[0], counts[1]
@@ -62,7 +63,8 @@ def all_reduce_sum(values: dict[str, torch.Tensor]) -> dict[str, float]:
     if not values:
         return {}
     keys = sorted(values)
-    stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys])
+    device = collective_device()
+    stacked = torch.stack([torch.as_tensor(values[k]).detach().float().reshape(()).to(device) for k in keys])
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(stacked)
     return dict(zip(keys, stacked.tolist()))

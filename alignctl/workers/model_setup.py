@@ -1,4 +1,10 @@
-"""Building the policy inside a worker: model, tokenizer, training engine, optimizer, reference."""
+"""Building the policy inside a worker: model, tokenizer, training engine, optimizer, reference.
+
+Full fine-tuning keeps a frozen copy of the initial weights as the reference policy (sharded like the
+actor under fsdp2 / ZeRO-3). With LoRA (``model.lora_rank > 0``) only the adapters train, so the
+base weights never change: the reference is the policy module itself with its adapters switched
+off, and there is no second copy of the weights.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignctl.config.rl import OptimConfig, RLConfig, RolloutConfig
+from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig
+from alignctl.errors import UserError
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
 from alignctl.workers.strategy import TrainEngine, build_lr_scheduler, build_optimizer, make_engine
@@ -47,15 +54,21 @@ def attach_optimizer(engine: TrainEngine, model: nn.Module, optim: OptimConfig, 
 
 @dataclass
 class Policy:
-    model: nn.Module  # the plain HF module (sharded in place under fsdp2)
+    model: nn.Module  # the plain HF module (a peft model under LoRA; sharded in place under fsdp2 / ZeRO-3)
     engine: TrainEngine
-    ref_engine: TrainEngine  # frozen copy, wrapped the same way (sharded under fsdp2)
+    ref_engine: TrainEngine | None  # frozen copy wrapped like the actor; None under LoRA (adapters off instead)
     tokenizer: Any
     pad_id: int
     eos_ids: list[int]
+    lora: Any = None  # the peft LoraConfig when training adapters
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[nn.Module]:
+        """The reference policy with full parameters, for no-grad forwards."""
+        if self.ref_engine is None:
+            with self.engine.gathered() as model, model.disable_adapter():
+                yield model
+            return
         with self.ref_engine.gathered() as ref:
             yield ref
 
@@ -76,44 +89,119 @@ def _eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
+# ---------------------------------------------------------------------------------------------- LoRA
+
+
+def lora_config(model_cfg: ModelConfig) -> Any:
+    """The peft config of ``model_cfg`` (no dropout: log-prob passes must be deterministic)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
+                      target_modules=list(model_cfg.target_modules), lora_dropout=0.0, bias="none",
+                      task_type="CAUSAL_LM")
+
+
+def check_lora_support(arr: ActorRolloutRefConfig) -> None:
+    if arr.model.lora_rank <= 0:
+        return
+    if arr.rollout.name != "hf":
+        raise UserError(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} needs "
+                        f"actor_rollout_ref.rollout.name=hf (the {arr.rollout.name} engine would need merged "
+                        f"weights pushed every step; not supported)")
+    if not arr.model.target_modules:
+        raise UserError("actor_rollout_ref.model.lora_rank > 0 needs a non-empty "
+                        "actor_rollout_ref.model.target_modules list (e.g. [q_proj, v_proj])")
+
+
+def add_lora(model: nn.Module, config: Any) -> nn.Module:
+    """``model`` wrapped with fresh adapters; only adapter weights require grad."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # peft: target modules not found in the model
+        raise UserError(f"actor_rollout_ref.model.target_modules={sorted(config.target_modules)}: {exc}") from exc
+
+
+def merge_lora_state(state: dict[str, torch.Tensor], model_config: Any, config: Any) -> nn.Module:
+    """A plain causal LM holding ``state`` (a peft model's full state dict) with the adapters
+    merged into the base weights: W + (alpha / r) * B @ A on every adapted layer (peft's merge)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(model_config)
+    peft_model = add_lora(plain, config)
+    # Merging adds into the base weights in place; ``state`` may share storage with the live policy
+    # (full_state_dict of an unsharded engine), so the merge works on copies.
+    peft_model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
+    return peft_model.merge_and_unload()
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+
+def _engine_options(actor: ActorConfig) -> dict[str, Any]:
+    return {"options": actor.deepspeed, "key": "actor_rollout_ref.actor.deepspeed"}
+
+
+def _reference_engine(actor: ActorConfig, ref: nn.Module, world_size: int) -> TrainEngine:
+    """The frozen copy, sharded like the actor where that saves memory (fsdp2, ZeRO-3)."""
+    if actor.strategy == "fsdp2":
+        return make_engine("fsdp2", ref, world_size=world_size)
+    if actor.strategy == "deepspeed" and actor.deepspeed.zero_stage == 3:
+        return make_engine("deepspeed", ref, world_size=world_size, trainable=False, **_engine_options(actor))
+    return TrainEngine(ref, world_size)
+
+
 def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     arr = cfg.actor_rollout_ref
+    check_lora_support(arr)
     tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, padding_side="left")
     attn = resolve_attn_implementation(arr.model.attn_implementation, ctx.device, arr.model.use_remove_padding)
     model = load_causal_lm(arr.model.path, dtype=arr.model.dtype, attn_implementation=attn)
     if ctx.device == "cuda":
         model = model.cuda()
     if arr.model.enable_gradient_checkpointing:
+        # Non-reentrant checkpointing also works when no input of a block requires grad (LoRA: the
+        # embeddings are frozen), which the reentrant variant silently turns into zero gradients.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    ref = copy.deepcopy(model).eval().requires_grad_(False)
-    engine = make_engine(arr.actor.strategy, model, world_size=ctx.world_size)
+    lora = lora_config(arr.model) if arr.model.lora_rank > 0 else None
+    ref = None if lora is not None else copy.deepcopy(model).eval().requires_grad_(False)
+    if lora is not None:
+        model = add_lora(model, lora)
+    engine = make_engine(arr.actor.strategy, model, world_size=ctx.world_size, **_engine_options(arr.actor))
     attach_optimizer(engine, model, arr.actor.optim, total_steps)
-    ref_strategy = "fsdp2" if arr.actor.strategy == "fsdp2" else "none"
-    ref_engine = make_engine("fsdp2", ref, world_size=ctx.world_size) if ref_strategy == "fsdp2" \
-        else TrainEngine(ref, ctx.world_size)
+    ref_engine = None if ref is None else _reference_engine(arr.actor, ref, ctx.world_size)
     pad_id = int(tokenizer.pad_token_id)
-    return Policy(model, engine, ref_engine, tokenizer, pad_id, _eos_ids(tokenizer, model))
+    return Policy(model, engine, ref_engine, tokenizer, pad_id, _eos_ids(tokenizer, model), lora)
 
 
 def save_hf_folder(policy: Policy, path: str, *, is_writer: bool) -> None:
-    """Complete weights in HF format, written atomically by one rank (all ranks must call)."""
+    """Complete weights in HF format, written atomically by one rank (all ranks must call). Under
+    LoRA the adapters are merged: the folder is a plain causal LM, no peft needed to load it."""
     from alignctl.pipeline.atomic import atomic_output_dir
 
     state = policy.engine.full_state_dict()
     if not is_writer:
         return
     with atomic_output_dir(path) as tmp:
-        model = policy.model
-        config = copy.deepcopy(model.config)
+        config = copy.deepcopy(policy.model.config)
         config.use_cache = True
-        from transformers import AutoModelForCausalLM
-
-        # A fresh unwrapped module (FSDP2 swaps the class of the trained one) to hold the full weights.
-        with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(config)
-        plain.load_state_dict(state, assign=True)
+        plain = _plain_model(state, config, policy.lora)
         plain.generation_config.eos_token_id = policy.eos_ids
         plain.generation_config.pad_token_id = policy.pad_id
         plain.save_pretrained(tmp)
         policy.tokenizer.save_pretrained(tmp)
+
+
+def _plain_model(state: dict[str, torch.Tensor], config: Any, lora: Any) -> nn.Module:
+    """A fresh unwrapped module holding ``state`` (FSDP2 swaps the class of the trained one)."""
+    if lora is not None:
+        return merge_lora_state(state, config, lora)
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(state, assign=True)
+    return plain

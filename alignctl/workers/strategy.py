@@ -1,4 +1,5 @@
-"""Training backends behind one small interface: ``ddp`` and ``fsdp2`` (torch), ``deepspeed``.
+"""Training backends behind one small interface: ``ddp`` and ``fsdp2`` (torch), ``deepspeed``
+(ZeRO-2/3, in :mod:`alignctl.workers.deepspeed_engine`, imported only when chosen).
 
 Every engine averages gradients over the data-parallel ranks, so a micro-batch loss must be
 scaled by ``world_size`` (see :func:`alignctl.workers.actor` losses) for the sum over ranks and
@@ -160,6 +161,8 @@ ENGINES: dict[str, type[TrainEngine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}
 
 
 def make_engine(strategy: str, model: nn.Module, *, world_size: int, **kwargs: Any) -> TrainEngine:
+    """``kwargs`` are DeepSpeed's (``options``: a DeepSpeedConfig, ``key``: its config path for
+    error messages, ``trainable``); the torch backends take none and ignore them."""
     if strategy == "deepspeed":
         from alignctl.workers.deepspeed_engine import DeepSpeedEngine
 
@@ -169,10 +172,17 @@ def make_engine(strategy: str, model: nn.Module, *, world_size: int, **kwargs: A
     return ENGINES[strategy](model, world_size)
 
 
+def collective_device() -> torch.device:
+    """Where tensors for collectives must live: NCCL only reduces CUDA tensors."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_max(value: int) -> int:
     """The maximum of an int over all ranks (1 process: itself)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
-    t = torch.tensor([value], dtype=torch.long)
+    t = torch.tensor([value], dtype=torch.long, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
