@@ -179,10 +179,10 @@ def train_rm(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
 def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any]) -> None:
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
-    from alignctl.trainers.rl_trainer import RLTrainer
+    from alignctl.trainers.rl_trainer import create_trainer
 
     cfg = load_config(RLConfig, config, overrides, base=base)
-    result = RLTrainer(cfg).fit()
+    result = create_trainer(cfg).fit()
     typer.echo(f"policy saved to {result.policy_dir}; metrics in {result.run_dir / 'metrics.jsonl'}")
 
 

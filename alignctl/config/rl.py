@@ -207,6 +207,13 @@ class KLControl:
 
 
 @dataclass
+class FilterGroups:
+    enable: bool = field(False, help="DAPO dynamic sampling: drop prompts whose responses all got the same score "
+                                     "and keep generating until the batch is full.")
+    max_num_gen_batches: int = field(10, help="Give up (error) after this many generation rounds in one step.")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = field("grpo", help="Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, "
                                            "reinforce_plus_plus_baseline, remax, opo, grpo_passk.")
@@ -216,6 +223,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = field(False, help="Subtract beta * KL(actor || ref) from token rewards.")
     kl_penalty: str = field("kl", help="KL estimator in the reward (kl/k1, abs, mse/k2, low_var_kl/k3).")
     kl_ctrl: KLControl = section(KLControl, help="KL-in-reward coefficient controller.")
+    filter_groups: FilterGroups = section(FilterGroups, help="DAPO dynamic sampling.")
 
 
 @dataclass

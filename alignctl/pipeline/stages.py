@@ -68,9 +68,9 @@ def _train_rm(cfg: Any) -> dict[str, Any]:
 
 
 def _rl(cfg: Any) -> dict[str, Any]:
-    from alignctl.trainers.rl_trainer import RLTrainer
+    from alignctl.trainers.rl_trainer import create_trainer
 
-    result = RLTrainer(cfg).fit()
+    result = create_trainer(cfg).fit()
     metrics: dict[str, Any] = {"steps": result.steps}
     for row in result.val_history[:1] + result.val_history[-1:]:
         prefix = "before" if row is result.val_history[0] and row["step"] == 0 else "after"

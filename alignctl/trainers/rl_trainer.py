@@ -104,10 +104,11 @@ class RLTrainer:
         return batch, self.parts.reward.submit(batch)
 
     def generate(self, prompts: Batch, *, n: int, do_sample: bool, temperature: float, top_p: float,
-                 top_k: int) -> Batch:
+                 top_k: int, prompt_width: int | None = None) -> Batch:
+        """``prompt_width``: left-pad prompts to this width (default: the longest prompt here)."""
         prompts.meta.update(n=n, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=self.cfg.trainer.seed * 7919 + self.global_step,
-                            prompt_width=max(len(p) for p in prompts["prompt_ids"]))
+                            prompt_width=prompt_width or max(len(p) for p in prompts["prompt_ids"]))
         return self.workers.split("actor", "generate_sequences", prompts)
 
     def add_greedy_baseline(self, prompts: Batch, batch: Batch) -> Batch:
@@ -181,6 +182,15 @@ class RLTrainer:
         metrics["timing_s/validation"] = time.perf_counter() - start
         tracker.log(metrics, self.global_step)
         result.val_history.append({"step": self.global_step, **metrics})
+
+
+def create_trainer(cfg: RLConfig) -> RLTrainer:
+    """The loop for a config: DAPO's dynamic sampling when algorithm.filter_groups.enable."""
+    if cfg.algorithm.filter_groups.enable:
+        from alignctl.trainers.dapo import DAPOTrainer
+
+        return DAPOTrainer(cfg)
+    return RLTrainer(cfg)
 
 
 def is_on_policy(cfg: RLConfig) -> bool:
