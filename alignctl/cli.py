@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from alignctl import __version__
-from alignctl.errors import UserError
+from alignctl.errors import RunFailed, UserError
 
 app = typer.Typer(
     name="alignctl",
@@ -267,9 +267,9 @@ def _interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -291,6 +291,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         _fail(str(exc))
+    except RunFailed as exc:
+        if debug:
+            raise
+        _fail(str(exc), code=RunFailed.exit_code)
     except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         # OS errors that reach here are about a path the user gave; name it, no traceback.
         if debug:

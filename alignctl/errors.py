@@ -17,3 +17,10 @@ class UserError(Exception):
     def __init__(self, message: str) -> None:
         # Collapse newlines so the CLI contract "one line" holds even for wrapped messages.
         super().__init__(" ".join(message.split("\n")))
+
+
+class RunFailed(Exception):
+    """A run that cannot go on (a worker died, a loss became NaN): one line naming the role and
+    the step, exit status 1. Not the user's input, but not a bug to show a traceback for either."""
+
+    exit_code = 1

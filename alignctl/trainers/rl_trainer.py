@@ -26,7 +26,9 @@ from alignctl.trainers.advantage import compute_advantage
 from alignctl.trainers.metrics import Timer, data_metrics, kl_metrics, throughput
 from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
 from alignctl.trainers.validation import validate
+from alignctl.errors import RunFailed
 from alignctl.tracking import Tracker
+from alignctl.workers.group import WorkerFailed
 
 # Columns each worker call needs (sending only these keeps Ray's object traffic small).
 LOGP_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -149,12 +151,18 @@ class RLTrainer:
         tracker = Tracker.create(self.cfg.trainer.logger, run_dir, project=self.cfg.trainer.project_name,
                                  name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg))
         result = RunResult(run_dir, run_dir / "actor", 0)
-        self.workers = start_workers(self.cfg, self.parts.total_steps)
+        try:
+            self.workers = start_workers(self.cfg, self.parts.total_steps)
+        except WorkerFailed as exc:
+            raise RunFailed(f"starting workers: {exc}") from exc
+        (run_dir / "workers.json").write_text(json.dumps(self.workers.describe(), indent=2), encoding="utf-8")
         if self.cfg.reward_model.enable:
             self.parts.reward.model_scorer = lambda texts: self.workers.split("rm", "compute_rm_score", texts)
         try:
             self._loop(tracker, result)
             self.workers.broadcast("actor", "save", str(result.policy_dir))
+        except WorkerFailed as exc:
+            raise RunFailed(f"step {self.global_step + 1}: {exc}") from exc
         finally:
             tracker.close()
             self.workers.shutdown()

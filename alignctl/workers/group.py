@@ -65,6 +65,10 @@ class _Worker:
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
 
+    def describe(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
+                "device": self.device, "roles": sorted(self.roles)}
+
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         import torch
         import torch.distributed as dist
@@ -144,36 +148,64 @@ class WorkerGroup:
     def world_size(self) -> int:
         return self.pool.world_size
 
+    def describe(self) -> list[dict[str, Any]]:
+        """Rank, pid, node and roles of every worker (written to the run folder for operators)."""
+        return _get([w.describe.remote() for w in self.workers], "group", "describe")
+
     # ------------------------------------------------------------------ dispatch modes
 
     def broadcast_async(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         return [w.call.remote(role, method, *args, **kwargs) for w in self.workers]
 
     def broadcast(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return ray.get(self.broadcast_async(role, method, *args, **kwargs))
+        return _get(self.broadcast_async(role, method, *args, **kwargs), role, method)
 
     def split_async(self, role: str, method: str, batch: Batch, **kwargs: Any) -> list[ray.ObjectRef]:
         parts = batch.chunk(self.world_size)
         return [w.call.remote(role, method, part, **kwargs) for w, part in zip(self.workers, parts)]
 
     def split(self, role: str, method: str, batch: Batch, **kwargs: Any) -> Batch:
-        return Batch.concat(ray.get(self.split_async(role, method, batch, **kwargs)))
+        return Batch.concat(_get(self.split_async(role, method, batch, **kwargs), role, method))
 
     def split_collect(self, role: str, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
         """Split like ``split`` but return every rank's result as is (e.g. metrics dicts)."""
-        return ray.get(self.split_async(role, method, batch, **kwargs))
+        return _get(self.split_async(role, method, batch, **kwargs), role, method)
 
     def rank0(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return ray.get(self.workers[0].call.remote(role, method, *args, **kwargs))
+        return _get(self.workers[0].call.remote(role, method, *args, **kwargs), role, method)
 
     def shutdown(self) -> None:
         try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=5)
         except Exception:  # noqa: BLE001 - a dead worker must not block cleanup of the others
             pass
         for worker in self.workers:
             ray.kill(worker)
         remove_placement_group(self._pg)
+
+
+class WorkerFailed(Exception):
+    """A worker process died, or raised, during a role call."""
+
+
+def _get(refs: Any, role: str, method: str) -> Any:
+    """``ray.get`` that names the role and call when a worker dies or a role method raises."""
+    try:
+        if not isinstance(refs, list):
+            return ray.get(refs)
+        # Wait on whichever finishes first: when one rank dies, its peers may be blocked in a
+        # collective with it forever, so waiting on rank 0 first could hang instead of failing.
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready)  # raises at once for a dead or failed worker
+        return ray.get(refs)
+    except ray.exceptions.RayActorError as exc:
+        raise WorkerFailed(f"a '{role}' worker process died during {method} ({type(exc).__name__})") from exc
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if exc.cause is not None else exc
+        raise WorkerFailed(f"'{role}' worker failed in {method}: {type(cause).__name__}: "
+                           f"{str(cause).splitlines()[0] if str(cause) else ''}") from exc
 
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:

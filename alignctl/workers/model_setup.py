@@ -163,7 +163,7 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
         model = model.cuda()
     if arr.model.enable_gradient_checkpointing:
         # Non-reentrant checkpointing also works when no input of a block requires grad (LoRA: the
-        # embeddings are frozen), which the reentrant variant silently turns into zero gradients.
+        # embeddings are frozen); the reentrant variant would drop the adapters' gradients there.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     lora = lora_config(arr.model) if arr.model.lora_rank > 0 else None

@@ -1,0 +1,55 @@
+"""Faults: a worker process killed mid-run ends the run within 60 s with a message naming the role
+and the step, and exit status 1 (real subprocess, real SIGKILL of a Ray worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_helpers import make_assets
+
+pytestmark = pytest.mark.slow
+
+
+def test_killed_worker_fails_the_run_fast_and_names_role_and_step(tmp_path: Path):
+    assets = make_assets(tmp_path / "assets")
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "alignctl", "grpo",
+            f"data.train_files=[{assets['data'] / 'train.parquet'}]", f"actor_rollout_ref.model.path={assets['model']}",
+            f"custom_reward_function.path={assets['reward']}", f"trainer.run_dir={run_dir}",
+            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+            "data.max_response_length=16", "trainer.total_training_steps=1000", "trainer.n_gpus_per_node=2",
+            "trainer.logger=[jsonl]", "trainer.val_before_train=false"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.time() + 180
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            time.sleep(0.5)
+        assert metrics.exists(), "the run never reached step 2"
+        workers = json.loads((run_dir / "workers.json").read_text())
+        assert [w["rank"] for w in workers] == [0, 1] and all("actor" in w["roles"] for w in workers)
+        os.kill(workers[1]["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        _, stderr = proc.communicate(timeout=90)
+        elapsed = time.time() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-2000:]
+    assert elapsed < 60
+    # Ray may forward the surviving worker's own gloo error after ours: take our one-line error.
+    ours = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1, stderr[-2000:]
+    last = ours[0]
+    assert last.startswith("error: step ") and "'actor' worker" in last and "died" in last, last
+    step = int(last.split()[2].rstrip(":"))
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert step == max(logged) + 1  # the step that was running when the worker died
