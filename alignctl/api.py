@@ -1,0 +1,135 @@
+"""The Python API of the product card: a thin layer over the same config and trainer as the CLI.
+
+    from alignctl import PPOConfig, RLHFTrainer, RewardModelTrainer, evaluate
+
+    config = PPOConfig(actor_model="runs/sft", reward_model="runs/rm", kl_coeff=0.05, clip_range=0.2,
+                       learning_rate=1e-5, batch_size=16, mini_batch_size=8, ppo_epochs=1)
+    trainer = RLHFTrainer(config=config, train_dataset="data/train.parquet", num_gpus=0)
+    trainer.train(num_episodes=320)
+    trainer.save_model("runs/policy")
+
+Every field maps onto an ``RLConfig`` key (see ``PPOConfig.overrides``); ``extra`` takes any other
+dotted key, so nothing the CLI can do is out of reach here.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from alignctl.errors import UserError
+from alignctl.eval import evaluate  # noqa: F401  (re-exported)
+from alignctl.trainers.reward_model import RewardModelTrainer  # noqa: F401  (re-exported)
+
+
+@dataclass
+class PPOConfig:
+    actor_model: str
+    critic_model: str | None = None  # default: initialised from the actor (PPO's usual choice)
+    reward_model: str | None = None  # None: rule / custom reward functions only
+    ref_model: str | None = None  # the reference is the initial actor; a different one is not supported
+    kl_coeff: float = 0.05
+    clip_range: float = 0.2
+    learning_rate: float = 1e-6
+    critic_learning_rate: float = 1e-5
+    batch_size: int = 16  # prompts per step
+    mini_batch_size: int = 8  # prompts per optimizer step
+    ppo_epochs: int = 1
+    responses_per_prompt: int = 1
+    max_prompt_length: int = 512
+    max_response_length: int = 256
+    adv_estimator: str = "gae"
+    seed: int = 1
+    output_dir: str = "runs/rlhf"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def overrides(self) -> dict[str, Any]:
+        """The dotted RLConfig keys this config sets."""
+        if self.ref_model not in (None, self.actor_model):
+            raise UserError("PPOConfig.ref_model: the reference policy is the initial actor; pass ref_model=None "
+                            "or the actor_model path")
+        keys: dict[str, Any] = {
+            "actor_rollout_ref.model.path": self.actor_model,
+            "actor_rollout_ref.actor.clip_ratio": self.clip_range,
+            "actor_rollout_ref.actor.optim.lr": self.learning_rate,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": self.mini_batch_size,
+            "actor_rollout_ref.actor.ppo_epochs": self.ppo_epochs,
+            "actor_rollout_ref.rollout.n": self.responses_per_prompt,
+            "critic.model.path": self.critic_model or self.actor_model,
+            "critic.optim.lr": self.critic_learning_rate,
+            "data.train_batch_size": self.batch_size,
+            "data.max_prompt_length": self.max_prompt_length,
+            "data.max_response_length": self.max_response_length,
+            "algorithm.adv_estimator": self.adv_estimator,
+            "algorithm.use_kl_in_reward": True,
+            "algorithm.kl_ctrl.kl_coef": self.kl_coeff,
+            "trainer.seed": self.seed,
+            "trainer.run_dir": self.output_dir,
+            "trainer.logger": ["console", "jsonl"],
+        }
+        if self.reward_model:
+            keys |= {"reward_model.enable": True, "reward_model.model.path": self.reward_model}
+        return keys | dict(self.extra)
+
+
+def _dataset_files(data: Any, scratch: Path) -> list[str]:
+    """Parquet path(s), a pandas DataFrame or a datasets.Dataset -> parquet files."""
+    if isinstance(data, (str, Path)):
+        return [str(data)]
+    if isinstance(data, (list, tuple)) and all(isinstance(d, (str, Path)) for d in data):
+        return [str(d) for d in data]
+    path = scratch / "train.parquet"
+    if hasattr(data, "to_parquet"):  # pandas and datasets both have it
+        data.to_parquet(str(path))
+        return [str(path)]
+    raise UserError(f"train_dataset: expected parquet path(s), a pandas DataFrame or a datasets.Dataset, "
+                    f"got {type(data).__name__}")
+
+
+class RLHFTrainer:
+    """PPO (or any estimator) from Python; ``train`` runs the same Ray workers as ``alignctl ppo``."""
+
+    def __init__(self, config: PPOConfig, train_dataset: Any, num_gpus: int = 0, num_workers: int = 1,
+                 reward_fn: Callable[..., Any] | None = None, eval_dataset: Any = None) -> None:
+        self.config = config
+        self.scratch = Path(tempfile.mkdtemp(prefix="alignctl-api-"))
+        self.train_files = _dataset_files(train_dataset, self.scratch)
+        self.val_files = _dataset_files(eval_dataset, self.scratch / "val") if eval_dataset is not None else []
+        self.workers = num_gpus or num_workers
+        self.device = "cuda" if num_gpus else "cpu"
+        self.reward_fn = reward_fn
+        self.result: Any = None
+
+    def _rl_config(self, steps: int) -> Any:
+        from alignctl.config import load_config
+        from alignctl.config.rl import RLConfig
+
+        keys = self.config.overrides() | {
+            "data.train_files": self.train_files, "data.val_files": self.val_files,
+            "trainer.total_training_steps": steps, "trainer.n_gpus_per_node": self.workers,
+            "trainer.device": self.device, "trainer.val_before_train": bool(self.val_files)}
+        return load_config(RLConfig, None, [], flags=keys)
+
+    def train(self, num_episodes: int) -> Any:
+        """Train on ``num_episodes`` prompts (rounded up to whole steps of ``batch_size``)."""
+        from alignctl.trainers.rl_trainer import create_trainer
+
+        steps = max(1, math.ceil(num_episodes / self.config.batch_size))
+        trainer = create_trainer(self._rl_config(steps))
+        if self.reward_fn is not None:  # runs on the controller, so any Python callable works
+            trainer.parts.reward.manager.compute_score = self.reward_fn
+        self.result = trainer.fit()
+        return self.result
+
+    def save_model(self, path: str | Path) -> Path:
+        if self.result is None:
+            raise UserError("save_model: call train() first")
+        dest = Path(path)
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(self.result.policy_dir, dest)
+        return dest
