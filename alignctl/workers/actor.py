@@ -113,7 +113,10 @@ class ActorRolloutRefWorker:
             self.engine.module, part["input_ids"], part["attention_mask"], mask.shape[1],
             position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
             use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
-            max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
+            # A sharded engine's training forward is a collective: one packed row per micro-batch keeps
+            # every rank at the same number of forwards (the micro-batch count is already agreed).
+            max_tokens_per_row=None if self.engine.collective_forward
+            else self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
         # On-policy steps skip the old-log-prob pass: the sampling policy is the current one.
         old = part["old_log_probs"] if "old_log_probs" in part else out.log_probs.detach()
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(

@@ -36,17 +36,22 @@ class CriticWorker:
         if critic.model.enable_gradient_checkpointing:
             model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
-        self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size)
+        self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size, options=critic.deepspeed,
+                                  key="critic.deepspeed")
         attach_optimizer(self.engine, model, critic.optim, total_steps)
         self.plan = MicroBatchPlan(critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
                                    critic.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 7 + ctx.rank)
 
-    def _values(self, model: Any, part: Batch) -> torch.Tensor:
+    def _values(self, model: Any, part: Batch, training: bool = False) -> torch.Tensor:
+        # A sharded engine's training forward is a collective: one packed row per micro-batch keeps
+        # every rank at the same number of forwards (the micro-batch count is already agreed).
+        row_budget = None if training and self.engine.collective_forward else \
+            self.cfg.actor_rollout_ref.model.max_packed_row_tokens
         return compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
                               position_ids=part["position_ids"],
                               use_remove_padding=self.cfg.critic.model.use_remove_padding,
-                              max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
+                              max_tokens_per_row=row_budget)
 
     @torch.no_grad()
     @on_worker_device
@@ -58,7 +63,7 @@ class CriticWorker:
 
     def _loss(self, part: Batch, n_tok: torch.Tensor, n_seq: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         critic = self.cfg.critic
-        vpreds = self._values(self.engine.module, part)
+        vpreds = self._values(self.engine.module, part, training=True)
         loss, clipfrac = compute_value_loss(
             vpreds, part["returns"], part["values"], part["response_mask"], critic.cliprange_value,
             critic.loss_agg_mode, global_num_tokens=n_tok, global_num_seqs=n_seq,

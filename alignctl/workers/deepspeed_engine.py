@@ -68,6 +68,8 @@ class DeepSpeedEngine(TrainEngine):
     (the reference policy) with no optimizer; a trainable one is initialised by
     :meth:`attach_optimizer`, because DeepSpeed takes the optimizer at construction."""
 
+    collective_forward = True  # ZeRO-3 gathers parameters in every forward (harmless for ZeRO-2)
+
     def __init__(self, model: nn.Module, world_size: int, *, options: DeepSpeedConfig | None = None,
                  key: str = "deepspeed", trainable: bool = True) -> None:
         super().__init__(model, world_size)
@@ -139,9 +141,6 @@ class DeepSpeedEngine(TrainEngine):
         """Complete CPU weights on every rank (ZeRO-3: one gather, collective)."""
         with self.gathered() as model:
             return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-    def lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
 
 
 def _zero3_offload(ds_engine: Any) -> Any:
