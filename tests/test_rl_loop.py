@@ -61,11 +61,15 @@ def test_dr_grpo_configuration_runs(assets, tmp_path):
     assert all(all_finite(r) for r in read_metrics(tmp_path / "run"))
 
 
+@pytest.mark.timeout(300)  # a collective mismatch between ranks would hang, not fail
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_two_workers_train_and_export_a_loadable_policy(assets, tmp_path, strategy):
     from transformers import AutoModelForCausalLM
 
+    # A 140-token row budget splits no-grad passes into several packed rows, a different number on
+    # each rank; training forwards must still be exactly one per micro-batch on every rank.
     cfg = rl_config(assets, tmp_path / "run", "trainer.n_gpus_per_node=2", f"actor_rollout_ref.actor.strategy={strategy}",
+                    "actor_rollout_ref.model.max_packed_row_tokens=140",
                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=[%s]" % (assets["data"] / "test.parquet"),
                     "data.max_val_samples=6")
     result = RLTrainer(cfg).fit()

@@ -47,8 +47,10 @@ class ModelConfig:
                                                   "segment by segment, cost sum(len^2)), else sdpa.",
                                      choices=("auto", "sdpa", "eager", "flash_attention_2", "alignctl_segment_sdpa"))
     use_remove_padding: bool = field(True, help="Pack sequences (block-diagonal attention) in log-prob and training forwards.")
-    max_packed_row_tokens: int = field(2048, help="Most tokens per packed row: with a dense block-diagonal mask "
-                                                  "(sdpa, eager) attention cost grows with the square of a row.")
+    max_packed_row_tokens: int = field(2048, help="Most tokens per packed row in no-grad passes (old/ref "
+                                                  "log-probs, values): with a dense block-diagonal mask (sdpa, "
+                                                  "eager) attention cost grows with the square of a row. Training "
+                                                  "forwards pack each micro-batch into one row.")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
     lora_rank: int = field(0, help="LoRA rank; 0 trains all weights.")
     lora_alpha: int = field(16, help="LoRA alpha.")

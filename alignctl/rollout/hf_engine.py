@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 
 from alignctl.errors import UserError
 from alignctl.rollout.base import (
@@ -43,8 +44,6 @@ from alignctl.rollout.base import (
     default_stop_ids,
     validate_prompts,
 )
-from transformers.cache_utils import Cache
-
 from alignctl.rollout.kv_cache import all_full_attention, make_cache
 from alignctl.rollout.sampling import sample_next
 

@@ -113,10 +113,11 @@ class ActorRolloutRefWorker:
             self.engine.module, part["input_ids"], part["attention_mask"], mask.shape[1],
             position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
             use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
-            # A sharded engine's training forward is a collective: one packed row per micro-batch keeps
-            # every rank at the same number of forwards (the micro-batch count is already agreed).
-            max_tokens_per_row=None if self.engine.collective_forward
-            else self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
+            # One packed row = one forward per micro-batch. Every engine needs that: DDP broadcasts
+            # buffers in each forward and FSDP2/ZeRO-3 gather parameters, so ranks must run the same
+            # number of forwards (the micro-batch count is agreed); DDP also wants one forward per
+            # backward. Bound the row with the micro-batch size or use_dynamic_bsz instead.
+            max_tokens_per_row=None)
         # On-policy steps skip the old-log-prob pass: the sampling policy is the current one.
         old = part["old_log_probs"] if "old_log_probs" in part else out.log_probs.detach()
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(

@@ -44,10 +44,8 @@ class CriticWorker:
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + 7 + ctx.rank)
 
     def _values(self, model: Any, part: Batch, training: bool = False) -> torch.Tensor:
-        # A sharded engine's training forward is a collective: one packed row per micro-batch keeps
-        # every rank at the same number of forwards (the micro-batch count is already agreed).
-        row_budget = None if training and self.engine.collective_forward else \
-            self.cfg.actor_rollout_ref.model.max_packed_row_tokens
+        # Training: one packed row (= one forward) per micro-batch, as in the actor (see there).
+        row_budget = None if training else self.cfg.actor_rollout_ref.model.max_packed_row_tokens
         return compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
                               position_ids=part["position_ids"],
                               use_remove_padding=self.cfg.critic.model.use_remove_padding,

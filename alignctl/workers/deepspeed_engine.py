@@ -68,8 +68,6 @@ class DeepSpeedEngine(TrainEngine):
     (the reference policy) with no optimizer; a trainable one is initialised by
     :meth:`attach_optimizer`, because DeepSpeed takes the optimizer at construction."""
 
-    collective_forward = True  # ZeRO-3 gathers parameters in every forward (harmless for ZeRO-2)
-
     def __init__(self, model: nn.Module, world_size: int, *, options: DeepSpeedConfig | None = None,
                  key: str = "deepspeed", trainable: bool = True) -> None:
         super().__init__(model, world_size)

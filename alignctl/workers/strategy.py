@@ -43,10 +43,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, *, total_steps: int, wa
 class TrainEngine:
     """One model trained data-parallel; subclasses wrap it for a backend."""
 
-    # True when a training forward issues collectives (parameters gathered per forward): then every
-    # rank must run the same number of forwards.
-    collective_forward = False
-
     def __init__(self, model: nn.Module, world_size: int) -> None:
         self.model = model  # the plain HF module (after wrapping, FSDP2 shards it in place)
         self.world_size = world_size
@@ -116,8 +112,6 @@ class DDPEngine(TrainEngine):
 
 class FSDP2Engine(TrainEngine):
     """``fully_shard`` on every decoder layer and on the root (torch FSDP2)."""
-
-    collective_forward = True
 
     def __init__(self, model: nn.Module, world_size: int) -> None:
         from torch.distributed.fsdp import fully_shard
