@@ -183,3 +183,14 @@ def test_on_policy_shortcut_equals_explicit_old_log_probs(assets, tmp_path):
     assert is_on_policy(rl_config(assets, tmp_path / "a"))
     assert not is_on_policy(rl_config(assets, tmp_path / "b", "actor_rollout_ref.actor.ppo_mini_batch_size=2"))
     assert not is_on_policy(rl_config(assets, tmp_path / "c", "algorithm.use_kl_in_reward=true"))
+
+
+def test_grpo_raises_a_dense_reward(assets, tmp_path):
+    """Learning, not just motion: with the digit-fraction reward (DIGIT_REWARD) GRPO must raise the
+    mean reward clearly within 24 steps (observed here: ~0.22 -> ~0.6)."""
+    cfg = rl_config(assets, tmp_path / "run", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                    "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=24")
+    RLTrainer(cfg).fit()
+    scores = [r["critic/score/mean"] for r in read_metrics(tmp_path / "run")]
+    first, last = sum(scores[:4]) / 4, sum(scores[-4:]) / 4
+    assert last > first + 0.15, scores

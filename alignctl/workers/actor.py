@@ -53,7 +53,7 @@ class ActorRolloutRefWorker:
         )
         start = time.perf_counter()
         self.rollout.wake()
-        self.rollout.sync_weights()
+        self._sync_rollout_weights()
         out = self.rollout.generate(prompts["prompt_ids"], params)
         self.rollout.sleep()
         tensors = assemble(prompts["prompt_ids"], out, prompt_width=meta["prompt_width"],
@@ -61,6 +61,15 @@ class ActorRolloutRefWorker:
         tensors["group_index"] = torch.as_tensor([prompts["uid"][int(i)] for i in out.prompt_index])
         gen_meta = {"temperature": params.logprob_temperature, "timing_s/gen_worker": time.perf_counter() - start}
         return Batch(tensors, expand_lists(prompts, out), {**meta, **gen_meta})
+
+    def _sync_rollout_weights(self) -> None:
+        """``hf`` generates with the training module itself; an engine with its own copy (vllm)
+        gets the current full weights after every update."""
+        if self.cfg.actor_rollout_ref.rollout.name == "hf":
+            self.rollout.sync_weights()
+            return
+        with self.engine.gathered() as model:
+            self.rollout.sync_weights(model)
 
     # ------------------------------------------------------------------ log-probs
 

@@ -73,13 +73,13 @@ class Policy:
             yield ref
 
     def rollout_kwargs(self, rollout: RolloutConfig) -> dict[str, Any]:
-        if rollout.name == "hf":
+        if rollout.name == "hf":  # the training module itself: no weight copy (the hybrid engine)
             return {"model": self.model, "pad_token_id": self.pad_id, "eos_token_id": self.eos_ids,
                     "gather_params": self.engine.gathered}
-        return {"model_path": self.model.name_or_path, "pad_token_id": self.pad_id, "eos_token_id": self.eos_ids,
+        return {"model_path": self.model.name_or_path, "pad_token_id": self.pad_id,
+                "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
                 "gpu_memory_utilization": rollout.gpu_memory_utilization,
-                "tensor_parallel_size": rollout.tensor_model_parallel_size, "enforce_eager": rollout.enforce_eager,
-                "source_module": self.model, "gather_params": self.engine.gathered}
+                "tensor_parallel_size": rollout.tensor_model_parallel_size, "enforce_eager": rollout.enforce_eager}
 
 
 def _eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
