@@ -160,7 +160,9 @@ def _ray_adversarial_task(ray: Any) -> Any:
         worker.start()
         worker.join()
         out["timeouts"] = scorer.timeout_count() - before
-        out["honest"] = scorer.compute_score(r"\boxed{2}", "2", timeout_s=timeout_s)
+        # The pool still answers after a kill; a generous budget since the replacement worker may be
+        # slow to start on a loaded machine (this checks recovery, not speed).
+        out["honest"] = scorer.compute_score(r"\boxed{2}", "2", timeout_s=30.0)
         return out
 
     return task
