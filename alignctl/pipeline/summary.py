@@ -23,9 +23,9 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
     if kind == "init-model":
         return f"{metrics.get('num_parameters', 0):,} parameters"
     if kind == "sft":
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/loss", "train/loss_end")[:3])
-    if kind == "train-rm":
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "accuracy", "margin")[:3])
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/loss", "val/mean_token_accuracy")[:3])
+    if kind == "train-rm":  # held-out numbers: what the RM will be trusted for
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/accuracy", "val/margin_mean")[:2])
     if kind in ("ppo", "grpo"):
         return _rl_headline(metrics)
     if kind == "eval":
