@@ -7,6 +7,7 @@ Key names follow verl's SFT trainer where one exists (``data.train_files``, ``op
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from alignctl.config.core import field, section
 from alignctl.errors import UserError
@@ -118,3 +119,5 @@ def check_loop_keys(trainer: SFTTrainerConfig, max_length: int | None, lr: float
         raise UserError(f"key 'optim.lr' expected a positive number, got {lr}")
     if not 0.0 <= warmup_ratio < 1.0:
         raise UserError(f"key 'optim.warmup_ratio' expected a number in [0, 1), got {warmup_ratio}")
+    if trainer.deepspeed is not None and not Path(trainer.deepspeed).expanduser().is_file():
+        raise UserError(f"key 'trainer.deepspeed': {trainer.deepspeed} is not a file; expected a DeepSpeed JSON config")

@@ -133,7 +133,8 @@ def _train(trainer: Any) -> dict[str, float]:
     trainer.train()
     elapsed = time.perf_counter() - start
     history = trainer.state.log_history
-    metrics = {"timing_s/train": elapsed, "train/steps": float(trainer.state.global_step)}
+    metrics = {"timing_s/train": elapsed, "train/steps": float(trainer.state.global_step),
+               "train/processes": float(trainer.args.world_size)}
     for key in ("loss", "accuracy", "margin"):
         series = common.logged_series(history, key)
         if series:
@@ -199,8 +200,7 @@ def _manifest_writer(cfg: RewardModelConfig, metrics: dict[str, float], table: l
     from alignctl.pipeline.manifest import write_manifest
 
     def finish(folder: Path) -> None:
-        inputs = {"model": cfg.model.path, **{f"data{i}": f for i, f in enumerate(cfg.data.train_files)}}
-        write_manifest(folder, stage=STAGE, config=to_dict(cfg), inputs=inputs, metrics=metrics,
+        write_manifest(folder, stage=STAGE, config=to_dict(cfg), inputs=common.manifest_inputs(cfg), metrics=metrics,
                        wall_time_s=time.perf_counter() - start,
                        extra={"calibration": [dataclasses.asdict(b) for b in table]})
 

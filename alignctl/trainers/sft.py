@@ -82,6 +82,7 @@ def _train_and_measure(trainer: Any, has_val: bool) -> dict[str, float]:
         metrics["train/loss_start"], metrics["train/loss_end"] = losses[0], losses[-1]
     metrics["train/loss_mean"] = float(out.training_loss)
     metrics["train/steps"] = float(trainer.state.global_step)
+    metrics["train/processes"] = float(trainer.args.world_size)
     if has_val:
         final = trainer.evaluate()
         metrics["val/loss"] = float(final["eval_loss"])
@@ -90,17 +91,17 @@ def _train_and_measure(trainer: Any, has_val: bool) -> dict[str, float]:
     return metrics
 
 
-def _dropped(trainer: Any, train: datasets.Dataset, val: datasets.Dataset | None, packing: bool) -> dict[str, int]:
+def _dropped(trainer: Any, train: datasets.Dataset, val: datasets.Dataset | None, cfg: SFTConfig) -> dict[str, int]:
     """Rows TRL dropped because truncation to max_length left no completion token. Packed
     datasets have a different row count by design, so nothing is counted there."""
-    if packing:
+    if cfg.packing:
         return {}
     dropped = {"train": len(train) - len(trainer.train_dataset)}
     if val is not None:
         dropped["val"] = len(val) - len(trainer.eval_dataset)
     if len(trainer.train_dataset) == 0:
         raise UserError(f"sft: all {len(train)} training rows lose their whole response at "
-                        f"data.max_length; raise data.max_length")
+                        f"data.max_length={cfg.data.max_length} tokens; raise data.max_length")
     return dropped
 
 
@@ -115,22 +116,25 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> SFTResult:
             train = common.take(train, cfg.data.max_samples)
             val = load_sft_split(cfg.data.val_files, "data.val_files", cfg, tokenizer) if cfg.data.val_files else None
             trainer = build_sft_trainer(cfg, tokenizer, train, val, progress=progress)
-            dropped = _dropped(trainer, train, val, cfg.packing)
+            dropped = _dropped(trainer, train, val, cfg)
             metrics = _train_and_measure(trainer, val is not None)
             metrics["train/rows"] = float(len(train))
             metrics.update({f"{split}/dropped_rows": float(n) for split, n in dropped.items()})
-
-            def finish(folder: Path) -> None:
-                from alignctl.pipeline.manifest import write_manifest
-
-                inputs = {"model": cfg.model.path, **{f"data{i}": f for i, f in enumerate(cfg.data.train_files)}}
-                write_manifest(folder, stage=STAGE, config=to_dict(cfg), inputs=inputs, metrics=metrics,
-                               wall_time_s=time.perf_counter() - start)
-
+            finish = _manifest_writer(cfg, metrics, start)
             out = common.save_artifact(trainer, cfg.output_dir, finish)
     finally:
         common.remove_staging(cfg.output_dir)
     return SFTResult(output_dir=out, metrics=metrics, wall_time_s=time.perf_counter() - start, dropped=dropped)
+
+
+def _manifest_writer(cfg: SFTConfig, metrics: dict[str, float], start: float) -> Any:
+    from alignctl.pipeline.manifest import write_manifest
+
+    def finish(folder: Path) -> None:
+        write_manifest(folder, stage=STAGE, config=to_dict(cfg), inputs=common.manifest_inputs(cfg), metrics=metrics,
+                       wall_time_s=time.perf_counter() - start)
+
+    return finish
 
 
 def print_sft_report(result: SFTResult) -> None:

@@ -91,13 +91,19 @@ def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
 # ------------------------------------------------------------------------------ arguments
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_precision(precision: str) -> dict[str, bool]:
     """``trainer.precision`` -> bf16/fp16 flags. bf16 autocast on CPU is slower than fp32, so
     'auto' only turns it on for a GPU that supports it."""
     import torch
 
     if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+        precision = "bf16" if _cuda() and torch.cuda.is_bf16_supported() else "fp32"
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
@@ -108,9 +114,7 @@ def resolve_attn_implementation(name: str, packing: bool) -> str:
         return name
     import importlib.util
 
-    import torch
-
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+    if _cuda() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     if packing:
         from alignctl.models.attention import SEGMENT_SDPA
@@ -160,6 +164,10 @@ def training_kwargs(cfg: Any, scratch: Path, *, has_eval: bool, max_length: int 
         "model_init_kwargs": model_init_kwargs(cfg.model, attn_implementation),
         "trust_remote_code": cfg.model.trust_remote_code,
         "dataset_num_proc": None,
+        "dataloader_pin_memory": _cuda(),  # pinning without a GPU only warns
+        # Without use_cpu, accelerate ignores a torchrun/accelerate launch on a CPU-only machine and
+        # every process trains alone; with it, the processes form one gloo DDP group.
+        "use_cpu": not _cuda(),
         **resolve_precision(t.precision),
     }
 
@@ -193,6 +201,14 @@ def load_tokenizer_for_training(path: str, trust_remote_code: bool) -> Any:
     from alignctl.models.loading import load_tokenizer
 
     return load_tokenizer(path, padding_side="right", trust_remote_code=trust_remote_code)
+
+
+def manifest_inputs(cfg: Any) -> dict[str, str]:
+    """What the artifact was built from: the start model and every data file, by config key."""
+    inputs = {"model.path": str(cfg.model.path)}
+    for key in ("train_files", "val_files"):
+        inputs.update({f"data.{key}[{i}]": str(f) for i, f in enumerate(getattr(cfg.data, key))})
+    return inputs
 
 
 # ------------------------------------------------------------------------------- history
