@@ -108,3 +108,17 @@ def test_atomic_output_and_errors(tmp_path: Path, data_dir: Path) -> None:
     with pytest.raises(UserError, match="arch 'gpt9'"):
         init_model(out=tmp_path / "x", tokenizer_from=data_dir / "qa.jsonl", arch="gpt9")
     assert not (tmp_path / "x").exists()
+
+
+def test_tokenizer_from_a_preprocess_output_folder(tmp_path):
+    """A preprocess folder holds meta.json next to the parquet files: it is bookkeeping, not data."""
+    from alignctl.config.preprocess import ArithConfig, PreprocessConfig
+    from alignctl.data.preprocess import run_preprocess
+
+    data = tmp_path / "arith"
+    run_preprocess(PreprocessConfig(dataset="arith", out=str(data), arith=ArithConfig(num_train=20, num_test=5,
+                                                                                       num_sft=10, num_pref=5)),
+                   progress=False)
+    assert (data / "meta.json").exists()
+    info = init_model(out=tmp_path / "m", tokenizer_from=data, tokenizer_kind="char", hidden=32, layers=1)
+    assert info.vocab_size > 10

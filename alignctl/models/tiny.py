@@ -41,6 +41,7 @@ CHAT_TEMPLATE = (
 PARQUET_TEXT_COLUMNS = ("prompt", "chosen", "rejected", "completion", "response", "reward_model", "extra_info")
 JSONL_TEXT_KEYS = ("question", "answer", "text", "prompt", "chosen", "rejected", "completion", "response")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json")
+METADATA_FILES = frozenset({"meta.json", "manifest.json"})
 
 ARCHITECTURES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config"}
 
@@ -77,7 +78,9 @@ def _data_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(DATA_SUFFIXES))
+            # Artifact bookkeeping (preprocess meta.json, pipeline manifest.json) is not text data.
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(DATA_SUFFIXES)
+                           and p.name not in METADATA_FILES)
             if not found:
                 raise UserError(f"tokenizer data folder '{path}' has no {'/'.join(DATA_SUFFIXES)} files")
             files.extend(found)
