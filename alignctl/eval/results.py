@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from alignctl.pipeline.manifest import jsonable
 
 
 @dataclass
@@ -80,16 +81,4 @@ class EvalResults:
         """JSON-ready (non-finite floats become strings, paths strings)."""
         data = dataclasses.asdict(self)
         data["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
-        return _jsonable(data)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy scalars
-        return _jsonable(value.item())
-    return value
+        return jsonable(data)

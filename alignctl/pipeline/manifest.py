@@ -29,16 +29,16 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Floats that JSON cannot hold (nan/inf) become strings instead of invalid JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return _jsonable(value.item())
+        return jsonable(value.item())
     return value
 
 
@@ -63,7 +63,7 @@ def write_manifest(folder: str | Path, *, stage: str, config: dict[str, Any],
         **(extra or {}),
     }
     path = folder / MANIFEST
-    path.write_text(json.dumps(_jsonable(manifest), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(jsonable(manifest), indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path
 
 
