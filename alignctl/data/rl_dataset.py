@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -24,15 +23,24 @@ from alignctl.errors import UserError
 REQUIRED_COLUMNS = ("data_source",)
 
 
-def _plain(value: Any) -> Any:
-    """Parquet gives numpy arrays for lists; reward functions and templates want Python objects."""
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
+def plain_python(value: Any) -> Any:
+    """Parquet gives numpy arrays (and scalars) for lists; reward functions and chat templates
+    want plain Python objects."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_python(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain_python(v) for v in value]
     return value
+
+
+def read_parquet_file(path: Path) -> pd.DataFrame:
+    """``pd.read_parquet`` with a one-line UserError for an unreadable file."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__})") from None
 
 
 def read_prompt_files(files: list[str], prompt_key: str) -> pd.DataFrame:
@@ -41,10 +49,7 @@ def read_prompt_files(files: list[str], prompt_key: str) -> pd.DataFrame:
         path = Path(name)
         if not path.exists():
             raise UserError(f"{path}: prompt file not found")
-        try:
-            frame = pd.read_parquet(path)
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-            raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__})") from None
+        frame = read_parquet_file(path)
         missing = [c for c in (prompt_key, *REQUIRED_COLUMNS) if c not in frame.columns]
         if missing:
             raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected RL prompt rows "
@@ -67,19 +72,19 @@ class RLPromptDataset:
         self.rows: list[dict[str, Any]] = []
         self.filtered = 0
         for record in frame.to_dict(orient="records"):
-            messages = _plain(record[prompt_key])
+            messages = plain_python(record[prompt_key])
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
             if len(ids) > max_prompt_length:
                 self.filtered += 1
                 continue
-            reward_model = _plain(record.get("reward_model")) or {}
+            reward_model = plain_python(record.get("reward_model")) or {}
             self.rows.append({
                 "prompt_ids": ids,
                 "raw_prompt": messages,
                 "data_source": str(record["data_source"]),
                 "ground_truth": reward_model.get("ground_truth"),
-                "extra_info": _plain(record.get("extra_info")) or {},
+                "extra_info": plain_python(record.get("extra_info")) or {},
             })
         if not self.rows:
             raise UserError(f"{', '.join(files)}: every prompt is longer than data.max_prompt_length="

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alignctl.data.rl_dataset import plain_python, read_parquet_file, read_prompt_files
 from alignctl.errors import UserError
 
 Messages = list[dict[str, str]]
@@ -38,17 +39,6 @@ class PreferencePair:
     rejected: Messages
 
 
-def _plain(value: Any) -> Any:
-    """Parquet cells hold numpy arrays for lists; the chat template wants Python lists/dicts."""
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        value = value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _messages(value: Any, role: str, where: str) -> Messages:
     from alignctl.trainers.sft_data import as_messages
 
@@ -60,7 +50,6 @@ def _messages(value: Any, role: str, where: str) -> Messages:
 def load_prompt_rows(path: str | os.PathLike[str], prompt_key: str = "prompt",
                      max_prompts: int | None = None) -> list[PromptRow]:
     """RL prompt rows of ``path`` (the verl parquet schema written by ``alignctl preprocess``)."""
-    from alignctl.data.rl_dataset import read_prompt_files
 
     frame = read_prompt_files([os.fspath(path)], prompt_key)
     if max_prompts is not None:
@@ -68,14 +57,14 @@ def load_prompt_rows(path: str | os.PathLike[str], prompt_key: str = "prompt",
     rows = []
     for i, record in enumerate(frame.to_dict(orient="records")):
         where = f"{path} row {i} {prompt_key!r}"
-        reward_model = _plain(record.get("reward_model")) or {}
+        reward_model = plain_python(record.get("reward_model")) or {}
         truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
         rows.append(PromptRow(
             index=i,
-            messages=_messages(_plain(record[prompt_key]), "user", where),
+            messages=_messages(plain_python(record[prompt_key]), "user", where),
             data_source=str(record["data_source"]),
             ground_truth=None if truth is None or str(truth) == "" else str(truth),
-            extra_info=_plain(record.get("extra_info")) or {},
+            extra_info=plain_python(record.get("extra_info")) or {},
         ))
     return rows
 
@@ -101,15 +90,10 @@ def rows_from_python(prompts: Any, prompt_key: str = "prompt", max_prompts: int 
 
 def load_preference_pairs(path: str | os.PathLike[str], max_pairs: int | None = None) -> list[PreferencePair]:
     """Preference rows (``prompt`` / ``chosen`` / ``rejected``; messages or strings)."""
-    import pandas as pd
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: preference data file not found (key 'preference_data')")
-    try:
-        frame = pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__})") from None
+    frame = read_parquet_file(path)
     missing = [c for c in ("prompt", "chosen", "rejected") if c not in frame.columns]
     if missing:
         raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected preference pairs "
@@ -121,8 +105,8 @@ def load_preference_pairs(path: str | os.PathLike[str], max_pairs: int | None = 
     pairs = []
     for i, record in enumerate(frame.to_dict(orient="records")):
         pairs.append(PreferencePair(
-            prompt=_messages(_plain(record["prompt"]), "user", f"{path} row {i} 'prompt'"),
-            chosen=_messages(_plain(record["chosen"]), "assistant", f"{path} row {i} 'chosen'"),
-            rejected=_messages(_plain(record["rejected"]), "assistant", f"{path} row {i} 'rejected'"),
+            prompt=_messages(plain_python(record["prompt"]), "user", f"{path} row {i} 'prompt'"),
+            chosen=_messages(plain_python(record["chosen"]), "assistant", f"{path} row {i} 'chosen'"),
+            rejected=_messages(plain_python(record["rejected"]), "assistant", f"{path} row {i} 'rejected'"),
         ))
     return pairs
