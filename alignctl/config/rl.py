@@ -241,7 +241,13 @@ class TrainerConfig:
     cpus_per_worker: int = field(1, help="CPU cores (and torch threads) given to each worker.")
     test_freq: int = field(-1, help="Validate every N steps (-1: only at the end).")
     val_before_train: bool = field(True, help="Validate before the first step.")
-    save_freq: int = field(-1, help="Save a checkpoint every N steps (-1: only the final policy).")
+    save_freq: int = field(-1, help="Save a checkpoint (weights, optimizer, LR schedule, KL controller, data position, "
+                                    "random state) every N steps and at the last step (-1: none; the final policy "
+                                    "is always saved).")
+    resume_mode: str = field("auto", help="auto: continue from the newest complete checkpoint in <run folder>/checkpoints "
+                                          "(a fresh start when there is none); disable: start at step 0; or the path "
+                                          "of a global_step_N checkpoint folder.")
+    max_ckpt_to_keep: int | None = field(None, help="Keep only the newest K checkpoints (null: keep all).")
     default_local_dir: str = field("runs", help="Parent folder of run folders.")
     run_dir: str | None = field(None, help="Exact run folder (default: default_local_dir/experiment_name).")
     critic_warmup: int = field(0, help="Steps that train only the critic.")
@@ -294,6 +300,9 @@ class RLConfig:
             raise UserError(f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by the number of "
                             f"workers ({world}): each worker generates for an equal share of the prompts")
         self._check_registries()
+        if self.trainer.max_ckpt_to_keep is not None and self.trainer.max_ckpt_to_keep < 1:
+            raise UserError(f"key 'trainer.max_ckpt_to_keep' must be at least 1 or null (keep all), "
+                            f"got {self.trainer.max_ckpt_to_keep}")
         if (actor.ppo_mini_batch_size * n) % world:
             raise UserError(f"ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size * n}) must be "
                             f"divisible by the number of workers ({world})")

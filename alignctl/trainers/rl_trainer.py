@@ -23,10 +23,13 @@ from alignctl.config.core import to_dict, to_yaml
 from alignctl.config.rl import RLConfig
 from alignctl.models.microbatch import balance_batch
 from alignctl.trainers.advantage import compute_advantage
+from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
+                                          start_partial, truncate_metrics, write_state)
 from alignctl.trainers.metrics import Timer, data_metrics, kl_metrics, throughput
 from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
 from alignctl.trainers.validation import validate
-from alignctl.errors import RunFailed
+from alignctl.console import console
+from alignctl.errors import RunFailed, UserError
 from alignctl.tracking import Tracker
 from alignctl.workers.group import WorkerFailed
 
@@ -147,10 +150,12 @@ class RLTrainer:
     def fit(self) -> RunResult:
         run_dir = self.parts.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        result = RunResult(run_dir, run_dir / "actor", 0)
+        resume_from = self.restore_controller(result)
         (run_dir / "config.yaml").write_text(to_yaml(self.cfg), encoding="utf-8")
         tracker = Tracker.create(self.cfg.trainer.logger, run_dir, project=self.cfg.trainer.project_name,
-                                 name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg))
-        result = RunResult(run_dir, run_dir / "actor", 0)
+                                 name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg),
+                                 resume=resume_from is not None)
         try:
             self.workers = start_workers(self.cfg, self.parts.total_steps)
         except WorkerFailed as exc:
@@ -159,6 +164,9 @@ class RLTrainer:
         if self.cfg.reward_model.enable:
             self.parts.reward.model_scorer = lambda texts: self.workers.split("rm", "compute_rm_score", texts)
         try:
+            if resume_from is not None:
+                for role in self.trainable_roles:
+                    self.workers.broadcast(role, "load_checkpoint", str(resume_from / role))
             self._loop(tracker, result)
             self.workers.broadcast("actor", "save", str(result.policy_dir))
         except WorkerFailed as exc:
@@ -171,7 +179,7 @@ class RLTrainer:
 
     def _loop(self, tracker: Tracker, result: RunResult) -> None:
         trainer = self.cfg.trainer
-        if trainer.val_before_train and self.parts.val_data is not None:
+        if trainer.val_before_train and self.parts.val_data is not None and self.global_step == 0:
             self._validate(tracker, result)
         while self.global_step < self.parts.total_steps:
             metrics = self.train_step(self.parts.loader.next_batch())
@@ -182,7 +190,55 @@ class RLTrainer:
             last = self.global_step == self.parts.total_steps
             if self.parts.val_data is not None and (last or (trainer.test_freq > 0 and self.global_step % trainer.test_freq == 0)):
                 self._validate(tracker, result)
+            if trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
+                self.save_checkpoint()
         result.steps = self.global_step
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def trainable_roles(self) -> list[str]:
+        return ["actor", "critic"] if self.cfg.use_critic else ["actor"]
+
+    def controller_state(self) -> dict[str, Any]:
+        """What the controller itself must remember (the workers save their own state)."""
+        return {"global_step": self.global_step, "loader": self.parts.loader.state_dict(),
+                "kl_ctrl": self.kl_ctrl.state_dict(), "world_size": self.workers.world_size}
+
+    def save_checkpoint(self) -> Path:
+        """Every trainable role writes into a partial folder, then the controller state; then commit."""
+        partial = start_partial(checkpoint_root(self.parts.run_dir), self.global_step)
+        for role in self.trainable_roles:
+            self.workers.broadcast(role, "save_checkpoint", str(partial / role))
+        write_state(partial, self.controller_state())
+        return self.commit_checkpoint(partial)
+
+    def commit_checkpoint(self, partial: Path) -> Path:
+        return commit(partial, checkpoint_root(self.parts.run_dir), self.global_step, self.cfg.trainer.max_ckpt_to_keep)
+
+    def restore_controller(self, result: RunResult) -> Path | None:
+        """Pick the checkpoint to resume from (``trainer.resume_mode``) and restore the controller's
+        part: step, data position, KL controller, and the metrics logged up to that step."""
+        root = checkpoint_root(self.parts.run_dir)
+        remove_partials(root)
+        folder = resolve_resume(self.cfg.trainer.resume_mode, root)
+        if folder is None:
+            return None
+        state = read_state(folder)
+        world = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
+        if state["world_size"] != world:
+            raise UserError(f"{folder}: written by {state['world_size']} workers, this run has {world} "
+                            f"(trainer.nnodes x trainer.n_gpus_per_node must match to resume)")
+        self.global_step = int(state["global_step"])
+        self.parts.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        for row in truncate_metrics(self.parts.run_dir / "metrics.jsonl", self.global_step):
+            if any(key.startswith("val-") for key in row):
+                result.val_history.append(row)
+            else:
+                result.history.append({k: v for k, v in row.items() if k != "step"})
+        console.print(f"[bold]resuming from {folder} (step {self.global_step})[/]")
+        return folder
 
     def _validate(self, tracker: Tracker, result: RunResult) -> None:
         start = time.perf_counter()

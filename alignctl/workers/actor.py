@@ -15,6 +15,7 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import SamplingParams, get_rollout_engine
+from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
@@ -145,6 +146,15 @@ class ActorRolloutRefWorker:
             metrics["actor/kl_loss"] = kl.detach()
         metrics["actor/loss"] = loss.detach()
         return loss, metrics
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Weights, optimizer, LR schedule and this rank's random state (collective)."""
+        save_training_state(self.engine, folder, self.ctx.rank, {"shuffle": self.shuffle_gen})
+
+    def load_checkpoint(self, folder: str) -> None:
+        load_training_state(self.engine, folder, self.ctx.rank, {"shuffle": self.shuffle_gen})
 
     # ------------------------------------------------------------------ saving
 

@@ -12,6 +12,7 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
+from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
@@ -77,3 +78,12 @@ class CriticWorker:
                           epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
                           generator=self.shuffle_gen, world_size=self.ctx.world_size,
                           grad_clip=critic.grad_clip, loss_fn=self._loss, prefix="critic")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Weights, optimizer, LR schedule and this rank's random state (collective)."""
+        save_training_state(self.engine, folder, self.ctx.rank, {"shuffle": self.shuffle_gen})
+
+    def load_checkpoint(self, folder: str) -> None:
+        load_training_state(self.engine, folder, self.ctx.rank, {"shuffle": self.shuffle_gen})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,8 +26,11 @@ from torch import nn
 
 from alignctl.config.rl import DeepSpeedConfig
 from alignctl.errors import UserError
+from alignctl.workers.checkpoint import SCHEDULER_FILE
 from alignctl.workers.strategy import TrainEngine
 
+# The sub-folder name DeepSpeed's checkpoint gets inside a worker's checkpoint folder.
+_DS_TAG = "deepspeed"
 # DeepSpeed prints a progress line every ``steps_per_print`` optimizer steps: never.
 _NEVER = 2**62
 
@@ -95,7 +99,9 @@ class DeepSpeedEngine(TrainEngine):
         # ZeRO re-points the optimizer's param groups at its flat fp32 partitions but keeps the group
         # dicts, so the LambdaLR built on ``optimizer`` still sets the learning rate DeepSpeed uses.
         super().attach_optimizer(optimizer, scheduler)
-        self.ds = self._initialize(optimizer, scheduler)
+        # The schedule stays ours (stepped once per training step by the update loop); handed to
+        # DeepSpeed it would advance on every optimizer step.
+        self.ds = self._initialize(optimizer, scheduler=None)
 
     @property
     def zero3(self) -> bool:
@@ -122,6 +128,22 @@ class DeepSpeedEngine(TrainEngine):
         if norm is None or float(norm) < 0:  # DeepSpeed's "invalid" sentinel
             norm = float("inf")
         return torch.tensor(float(norm))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_state(self, folder: Path, *, is_writer: bool) -> None:
+        """DeepSpeed's own checkpoint (collective): module and ZeRO optimizer partitions per rank; plus
+        our LR schedule. No ``latest`` file: the controller's commit decides what is complete."""
+        self.ds.save_checkpoint(str(folder), tag=_DS_TAG, save_latest=False)
+        if is_writer:
+            torch.save(self.scheduler.state_dict(), folder / SCHEDULER_FILE)
+
+    def load_state(self, folder: Path) -> None:
+        path, _ = self.ds.load_checkpoint(str(folder), tag=_DS_TAG, load_optimizer_states=True,
+                                          load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"{folder}: no DeepSpeed checkpoint (tag {_DS_TAG!r})")
+        self.scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
 
     # ------------------------------------------------------------------ full weights
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from alignctl.workers.checkpoint import load_model_and_optimizer, save_model_and_optimizer
 
 
 def build_optimizer(params: list[nn.Parameter], lr: float, weight_decay: float,
@@ -71,15 +74,19 @@ class TrainEngine:
         loss.backward()
 
     def step(self, grad_clip: float) -> torch.Tensor:
-        """Clip, step, schedule, zero; returns the pre-clip global gradient norm."""
+        """Clip, step, zero; returns the pre-clip global gradient norm."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         if torch.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         return norm.detach()
+
+    def advance_schedule(self) -> None:
+        """One LR-schedule step per training step (as verl), however many optimizer steps it took:
+        ``lr_warmup_steps`` and the cosine length count RL steps, not mini-batches."""
+        self.scheduler.step()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Complete weights (collective for sharded backends); plain tensors on CPU."""
@@ -87,6 +94,14 @@ class TrainEngine:
 
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
+
+    def save_state(self, folder: Path, *, is_writer: bool) -> None:
+        """Weights, optimizer and LR schedule into ``folder`` (collective; see workers/checkpoint.py)."""
+        save_model_and_optimizer(self.model, self.optimizer, self.scheduler, folder, is_writer=is_writer)
+
+    def load_state(self, folder: Path) -> None:
+        """The inverse of :meth:`save_state`, into an engine built from the same config."""
+        load_model_and_optimizer(self.model, self.optimizer, self.scheduler, folder)
 
 
 class DDPEngine(TrainEngine):

@@ -44,7 +44,8 @@ def update_mini_batch(engine: TrainEngine, mini: Batch, plan: MicroBatchPlan, *,
 def run_update(engine: TrainEngine, batch: Batch, plan: MicroBatchPlan, *, mini_rows: int, epochs: int,
                shuffle: bool, generator: torch.Generator, world_size: int, grad_clip: float,
                loss_fn: LossFn, prefix: str) -> dict[str, float]:
-    """Metrics averaged over every optimizer step of the update, plus the learning rate."""
+    """Metrics averaged over every optimizer step of the update, plus the learning rate it used;
+    then one step of the LR schedule."""
     sums: dict[str, float] = {}
     steps = 0
     engine.module.train()
@@ -56,5 +57,6 @@ def run_update(engine: TrainEngine, batch: Batch, plan: MicroBatchPlan, *, mini_
                 sums[key] = sums.get(key, 0.0) + value
             steps += 1
     out = {key: value / steps for key, value in sums.items()}
-    out[f"{prefix}/lr"] = engine.lr()
+    out[f"{prefix}/lr"] = engine.lr()  # the rate this update used
+    engine.advance_schedule()
     return out
