@@ -107,3 +107,28 @@ def test_split_and_restore_round_trip() -> None:
     chunks = split_by_indices(data, parts)
     restored = restore_order([c * 2 for c in chunks], parts)
     assert torch.equal(restored, data * 2)
+
+
+def test_balance_groups_keeps_each_prompt_group_on_one_rank_and_balances_shared_cost():
+    from alignctl.models.microbatch import balance_groups
+
+    # 4 groups of 2 rows (ids 7, 3, 9, 5), interleaved. Shared cost = prompt once + responses:
+    # g7: 10 + 1 + 1 = 12, g3: 2 + 10 + 10 = 22, g9: 10 + 1 + 1 = 12, g5: 2 + 9 + 9 = 20 (by hand).
+    gids = [7, 3, 7, 9, 3, 5, 9, 5]
+    prompts = [10, 2, 10, 10, 2, 2, 10, 2]
+    responses = [1, 10, 1, 1, 10, 9, 1, 9]
+    order = balance_groups(gids, prompts, responses, 2)
+    assert sorted(order) == list(range(8))
+    ranks = [order[:4], order[4:]]
+    for rows in ranks:  # whole groups, adjacent
+        ids = [gids[r] for r in rows]
+        assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]
+    costs = sorted(sum(prompts[r] for r in rows[::2]) + sum(responses[r] for r in rows) for rows in ranks)
+    assert costs == [32, 34]  # {g7, g3} / {g9, g5}: the best equal-count split (12+22 vs 12+20)
+
+
+def test_balance_groups_declines_uneven_groups():
+    from alignctl.models.microbatch import balance_groups
+
+    assert balance_groups([1, 1, 2], [1, 1, 1], [1, 1, 1], 1) is None  # sizes 2 and 1
+    assert balance_groups([1, 1, 2, 2, 3, 3], [1] * 6, [1] * 6, 2) is None  # 3 groups over 2 ranks

@@ -51,6 +51,10 @@ class ModelConfig:
                                                   "log-probs, values): with a dense block-diagonal mask (sdpa, "
                                                   "eager) attention cost grows with the square of a row. Training "
                                                   "forwards pack each micro-batch into one row.")
+    share_prompt: bool = field(True, help="Compute each distinct prompt once per packed row, with its responses attending to that one copy "
+                                           "(GRPO-style groups of n samples): same numbers, fewer tokens. Needs "
+                                           "use_remove_padding and alignctl_segment_sdpa, sdpa or eager attention "
+                                           "(flash attention falls back to plain packing).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
     lora_rank: int = field(0, help="LoRA rank; 0 trains all weights.")
     lora_alpha: int = field(16, help="LoRA alpha.")
@@ -154,6 +158,8 @@ class ActorRolloutRefConfig:
 class CriticModelConfig:
     path: str | None = field(None, help="Value-model init folder (default: the actor's model.path).")
     use_remove_padding: bool = field(True, help="Pack sequences in value forwards.")
+    share_prompt: bool = field(True, help="Compute each distinct prompt once per packed row in value forwards "
+                                          "(see actor_rollout_ref.model.share_prompt).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward.")
 
 

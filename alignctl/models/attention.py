@@ -13,13 +13,25 @@ ways, both exact (tested against unpacked runs):
   by segment, so the cost is sum(len_i^2). Without those kwargs it is plain ``sdpa``, so a model
   loaded with it generates and trains on padded batches exactly like ``sdpa``.
 
+Shared-prompt layout (GRPO: n responses per prompt). A row may hold each distinct prompt once,
+followed by the responses that continue it: ``[prompt][resp_1]...[resp_n]``. The layout is a tuple
+of :class:`PrefixSpan` (start, end, prefix_start, prefix_end) tiling the row in order: tokens of a
+span attend causally within the span plus to every token of its prefix (the prompt); a prompt span
+has an empty prefix. Plain packing is the special case where every prefix is empty. It reaches the
+kernel as the ``alignctl_prefix_spans`` keyword of the model forward (transformers 5 forwards
+unknown kwargs down to the attention function, as for ``cu_seq_lens_q``; checked for Llama and
+Qwen2 on 5.23, with and without gradient checkpointing); :func:`prefix_causal_mask` is the same
+layout as a dense mask for ``sdpa`` / ``eager``. Flash-attention varlen kernels cannot express it:
+they take one contiguous key range per query segment, and the keys of resp_i (prompt + resp_i) are
+not contiguous for i > 1, so callers fall back to plain packing there.
+
 Note: restarting ``position_ids`` alone does not isolate sequences with sdpa (checked on
 transformers 5.23, CPU): a real mask or varlen kernel is required.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +41,32 @@ SEGMENT_SDPA = "alignctl_segment_sdpa"
 VARLEN_IMPLEMENTATIONS = frozenset({"flash_attention_2", "flash_attention_3", "flash_attention_4", SEGMENT_SDPA})
 # Implementations that accept a dense 4D mask, and whether it must be additive float.
 MASK_IMPLEMENTATIONS = {"sdpa": False, "eager": True}
+# Implementations that can run the shared-prompt layout (see the module docstring).
+PREFIX_IMPLEMENTATIONS = frozenset({SEGMENT_SDPA, *MASK_IMPLEMENTATIONS})
+# Model-forward keyword carrying the layout down to :func:`segment_sdpa_attention`.
+PREFIX_SPANS_KWARG = "alignctl_prefix_spans"
+
+
+class PrefixSpan(NamedTuple):
+    """Tokens [start, end) of a packed row: causal among themselves, and each also sees all of
+    [prefix_start, prefix_end) (empty for a prompt or a plain packed sequence)."""
+
+    start: int
+    end: int
+    prefix_start: int = 0
+    prefix_end: int = 0
+
+
+def check_prefix_spans(spans: tuple[PrefixSpan, ...]) -> None:
+    """Spans must tile the row in order (the kernel concatenates their outputs) and each prefix must
+    lie before its span (causality: a token never sees a later one)."""
+    position = 0
+    for span in spans:
+        if span.start != position or span.end <= span.start:
+            raise ValueError(f"prefix spans must tile the row in order without empty spans, got {spans}")
+        if span.prefix_end > span.prefix_start and not 0 <= span.prefix_start < span.prefix_end <= span.start:
+            raise ValueError(f"prefix of {span} must lie before the span")
+        position = span.end
 
 
 def segment_lengths_to_cu(lengths: torch.Tensor) -> torch.Tensor:
@@ -36,6 +74,14 @@ def segment_lengths_to_cu(lengths: torch.Tensor) -> torch.Tensor:
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
     cu[1:] = lengths.cumsum(0)
     return cu
+
+
+def _as_mask(allowed: torch.Tensor, additive_dtype: torch.dtype | None) -> torch.Tensor:
+    """Bool [N, N] (True = attend) -> [1, 1, N, N] bool, or additive float for eager."""
+    if additive_dtype is None:
+        return allowed[None, None]
+    additive = torch.zeros(allowed.shape, dtype=additive_dtype, device=allowed.device)
+    return additive.masked_fill(~allowed, torch.finfo(additive_dtype).min)[None, None]
 
 
 def block_causal_mask(lengths: torch.Tensor, additive_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -48,10 +94,45 @@ def block_causal_mask(lengths: torch.Tensor, additive_dtype: torch.dtype | None 
     segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
     position = torch.arange(n, device=lengths.device)
     allowed = (segment[:, None] == segment[None, :]) & (position[None, :] <= position[:, None])
-    if additive_dtype is None:
-        return allowed[None, None]
-    additive = torch.zeros(n, n, dtype=additive_dtype, device=lengths.device)
-    return additive.masked_fill(~allowed, torch.finfo(additive_dtype).min)[None, None]
+    return _as_mask(allowed, additive_dtype)
+
+
+def prefix_causal_mask(
+    spans: tuple[PrefixSpan, ...], additive_dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """[1, 1, N, N] mask of a shared-prompt layout: :func:`block_causal_mask` over the spans, plus
+    every token of a span may attend to its whole prefix. With all prefixes empty it equals
+    ``block_causal_mask`` of the span lengths."""
+    check_prefix_spans(spans)
+    table = torch.tensor([list(span) for span in spans], dtype=torch.long, device=device)  # [n_spans, 4]
+    segment = torch.repeat_interleave(torch.arange(len(spans), device=device), table[:, 1] - table[:, 0])
+    position = torch.arange(segment.numel(), device=device)
+    same = (segment[:, None] == segment[None, :]) & (position[None, :] <= position[:, None])
+    lo, hi = table[segment, 2], table[segment, 3]  # each query token's prefix range
+    in_prefix = (position[None, :] >= lo[:, None]) & (position[None, :] < hi[:, None])
+    return _as_mask(same | in_prefix, additive_dtype)
+
+
+def _span_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, span: PrefixSpan, dropout_p: float, scale: float | None
+) -> torch.Tensor:
+    """sdpa for the queries of one span: [1, H, L, D]."""
+    gqa = query.shape[1] != key.shape[1]
+    s, e, ps, pe = span
+    if pe <= ps:  # no prefix: a plain causal segment (same call as before the shared layout existed)
+        return F.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa
+        )
+    k = torch.cat([key[:, :, ps:pe], key[:, :, s:e]], dim=2)
+    v = torch.cat([value[:, :, ps:pe], value[:, :, s:e]], dim=2)
+    # Lower-right causal: query i (of L) sees the whole prefix and span keys 0..i. is_causal=True
+    # would align the triangle top-left (query i sees keys 0..i of the prefix only) when L != L_k;
+    # an explicit mask rather than torch's CausalBias, which on CPU warns and materializes anyway.
+    length = e - s
+    allowed = torch.ones(length, pe - ps + length, dtype=torch.bool, device=query.device).tril(diagonal=pe - ps)
+    return F.scaled_dot_product_attention(
+        query[:, :, s:e], k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+    )
 
 
 def segment_sdpa_attention(
@@ -67,11 +148,13 @@ def segment_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """Transformers attention function: query [1, H, N, D], key/value [1, Hkv, N, D] -> [1, N, H, D].
 
-    With ``cu_seq_lens_q`` each packed segment gets its own causal sdpa call and ``attention_mask``
-    is ignored (the packed forward passes a placeholder); without it, defer to transformers' sdpa
-    (padded batches, generation with a KV cache)."""
+    With ``alignctl_prefix_spans`` (shared-prompt layout) or ``cu_seq_lens_q`` (plain packing) each
+    span / segment gets its own sdpa call and ``attention_mask`` is ignored (the packed forward
+    passes a placeholder); without either, defer to transformers' sdpa (padded batches, generation
+    with a KV cache)."""
+    spans = kwargs.get(PREFIX_SPANS_KWARG)
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is None:
+    if spans is None and cu is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
@@ -79,15 +162,11 @@ def segment_sdpa_attention(
         )
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one row, got batch {query.shape[0]}")
-    gqa = query.shape[1] != key.shape[1]
+    if spans is None:
+        bounds = cu.tolist()
+        spans = tuple(PrefixSpan(s, e) for s, e in zip(bounds[:-1], bounds[1:]))
     p = dropout if module.training else 0.0
-    bounds = cu.tolist()
-    outputs = [
-        F.scaled_dot_product_attention(
-            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=p, is_causal=True, scale=scaling, enable_gqa=gqa
-        )
-        for s, e in zip(bounds[:-1], bounds[1:])
-    ]
+    outputs = [_span_attention(query, key, value, span, p, scaling) for span in spans]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 

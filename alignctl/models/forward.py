@@ -15,6 +15,19 @@ each holding at most ``max_tokens_per_row`` tokens), restarts ``position_ids`` p
 isolates the sequences with a real block-diagonal mask or varlen attention (see
 :mod:`alignctl.models.attention`). Logits are only projected for the positions that are needed
 (``logits_to_keep``), so pads cost nothing anywhere. Everything is differentiable.
+
+``share_prompt=True`` (with remove padding) is for GRPO-style batches where each prompt is sampled
+n times: rows whose real prompt tokens (and their position ids) are identical form a group, and a
+packed row holds each group as ``[prompt][resp_1]...[resp_n]``, so the prompt is computed once.
+Prompt tokens attend causally within the prompt; resp_i attends to the whole prompt and causally
+within itself, never to another response (:class:`~alignctl.models.attention.PrefixSpan`).
+Position ids are copied from the padded batch (the prompt's from the group's first row, which all
+its rows share), so every token sees exactly what it sees in the padded forward: the results are
+the same math. The first token of resp_i is predicted from the output at the prompt's last token,
+so that one packed position serves n targets (``logits_to_keep`` takes repeated indices; values
+read it n times). With ``max_tokens_per_row`` rows break between groups, never inside one. Flash
+attention cannot express the layout (see :mod:`alignctl.models.attention`): there
+``share_prompt`` silently falls back to plain packing, which gives the same numbers.
 """
 
 from __future__ import annotations
@@ -28,9 +41,14 @@ from torch.utils.checkpoint import checkpoint
 
 from alignctl.models.attention import (
     MASK_IMPLEMENTATIONS,
+    PREFIX_IMPLEMENTATIONS,
+    PREFIX_SPANS_KWARG,
     SEGMENT_SDPA,
     VARLEN_IMPLEMENTATIONS,
+    PrefixSpan,
     block_causal_mask,
+    check_prefix_spans,
+    prefix_causal_mask,
     segment_lengths_to_cu,
 )
 from alignctl.models.loading import position_ids_from_mask
@@ -108,12 +126,21 @@ def response_positions(attention_mask: torch.Tensor, response_length: int) -> to
 
 @dataclass(frozen=True)
 class PackedRow:
-    """Real tokens of some sequences of a padded batch, back to back in one row."""
+    """Real tokens of some sequences of a padded batch, back to back in one row.
+
+    ``source_flat``/``source_packed`` say which packed position computes the output of each padded
+    position the row covers. Plain packing: one to one (``flat_index`` inverted). Shared prompts:
+    the prompt positions of every row of a group map to the one packed copy of the prompt. (Kept as
+    a sparse pair rather than a dense [B*S] map per row, which would cost B*S longs per packed row.)
+    """
 
     input_ids: torch.Tensor  # [1, N]
     position_ids: torch.Tensor  # [1, N]
-    lengths: torch.Tensor  # [n_seq] tokens per sequence
-    flat_index: torch.Tensor  # [N] index of each token in the flattened [B*S] batch
+    lengths: torch.Tensor  # [n_seg] tokens per attention segment (sequence, or prompt / response span)
+    flat_index: torch.Tensor  # [N] index in the flattened [B*S] batch each token is read from
+    source_flat: torch.Tensor  # [M] flattened [B*S] positions whose outputs this row computes
+    source_packed: torch.Tensor  # [M] packed position computing each of them
+    prefix_spans: tuple[PrefixSpan, ...] | None = None  # shared-prompt layout; None = plain segments
 
 
 def _row_groups(lengths: list[int], max_tokens_per_row: int | None) -> list[list[int]]:
@@ -132,6 +159,17 @@ def _row_groups(lengths: list[int], max_tokens_per_row: int | None) -> list[list
     return [g for g in groups if g]
 
 
+def _real_positions(attention_mask: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Flattened [B*S] indices of the real tokens, row-major (= sequence order), and where each
+    batch row starts in that list ([B+1] offsets, host ints)."""
+    batch, width = attention_mask.shape
+    real = attention_mask.bool()
+    offsets = torch.arange(batch, device=attention_mask.device)[:, None] * width
+    flat_all = (offsets + torch.arange(width, device=attention_mask.device))[real]
+    starts = [0, *real.sum(1).cpu().cumsum(0).tolist()]
+    return flat_all, starts
+
+
 def pack_padded(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -139,15 +177,10 @@ def pack_padded(
     max_tokens_per_row: int | None = None,
 ) -> list[PackedRow]:
     """Remove pads from [B, S] tensors and pack the sequences into rows (order preserved)."""
-    batch, width = input_ids.shape
-    real = attention_mask.bool()
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
-    lengths = real.sum(1)
-    offsets = torch.arange(batch, device=input_ids.device)[:, None] * width
-    flat_all = (offsets + torch.arange(width, device=input_ids.device))[real]  # row-major = sequence order
-    starts = torch.zeros(batch + 1, dtype=torch.long)
-    starts[1:] = lengths.cpu().cumsum(0)
+    lengths = attention_mask.bool().sum(1)
+    flat_all, starts = _real_positions(attention_mask)
     rows = []
     for group in _row_groups(lengths.tolist(), max_tokens_per_row):
         flat = torch.cat([flat_all[starts[i] : starts[i + 1]] for i in group])
@@ -157,28 +190,183 @@ def pack_padded(
                 position_ids=position_ids.reshape(-1)[flat][None],
                 lengths=lengths[group],
                 flat_index=flat,
+                source_flat=flat,
+                source_packed=torch.arange(flat.numel(), device=flat.device),
             )
         )
     return rows
 
 
+# ---------------------------------------------------------------------------------------------
+# Shared-prompt packing (pure: index bookkeeping only)
+
+
+def prompt_groups(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+) -> list[list[int]]:
+    """Batch rows grouped by identical prompts, groups in order of first appearance.
+
+    The prompt is the first S - T columns. Two rows match when their real tokens and position ids
+    there are identical column by column (pads blanked): with left-padded prompts that is "same
+    prompt". Matching position ids too keeps sharing exact even for unusual position ids."""
+    cols = attention_mask.shape[1] - response_length
+    pad = ~attention_mask[:, :cols].bool()
+    key = torch.cat([input_ids[:, :cols].masked_fill(pad, -1), position_ids[:, :cols].masked_fill(pad, -1)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}  # insertion order = first appearance
+    for row, group in enumerate(inverse.tolist()):
+        groups.setdefault(group, []).append(row)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class _RowParts:
+    """Flattened [B*S] positions of one batch row's real prompt and real response tokens."""
+
+    prompt: torch.Tensor
+    response: torch.Tensor
+
+
+def _row_parts(attention_mask: torch.Tensor, response_length: int) -> list[_RowParts]:
+    flat_all, starts = _real_positions(attention_mask)
+    n_prompt = attention_mask[:, : attention_mask.shape[1] - response_length].bool().sum(1).tolist()
+    return [
+        _RowParts(flat_all[start : start + n], flat_all[start + n : end])
+        for start, end, n in zip(starts[:-1], starts[1:], n_prompt)
+    ]
+
+
+def _group_size(members: list[int], parts: list[_RowParts]) -> int:
+    """Packed tokens of a group; 0 when no row has a response (nothing to compute: dropped)."""
+    responses = sum(parts[b].response.numel() for b in members)
+    return parts[members[0]].prompt.numel() + responses if responses else 0
+
+
+def _shared_row(
+    groups: list[list[int]], parts: list[_RowParts], input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> PackedRow:
+    """One packed row ``[prompt][resp_1]..[resp_n]`` per group, groups back to back."""
+    device = input_ids.device
+    pieces, spans, src_flat, src_packed = [], [], [], []
+    offset = 0
+    for members in groups:
+        prompt = parts[members[0]].prompt  # the group's first row lends its copy of the prompt
+        p0, p1 = offset, offset + prompt.numel()
+        if p1 > p0:
+            spans.append(PrefixSpan(p0, p1))
+            pieces.append(prompt)
+        offset = p1
+        for b in members:
+            src_flat.append(parts[b].prompt)  # every row's prompt is computed by the shared copy
+            src_packed.append(torch.arange(p0, p1, device=device))
+            response = parts[b].response
+            if response.numel() == 0:
+                continue
+            end = offset + response.numel()
+            spans.append(PrefixSpan(offset, end, p0, p1))
+            pieces.append(response)
+            src_flat.append(response)
+            src_packed.append(torch.arange(offset, end, device=device))
+            offset = end
+    layout = tuple(spans)
+    check_prefix_spans(layout)
+    flat = torch.cat(pieces)
+    return PackedRow(
+        input_ids=input_ids.reshape(-1)[flat][None],
+        position_ids=position_ids.reshape(-1)[flat][None],
+        lengths=torch.tensor([s.end - s.start for s in layout], device=device),
+        flat_index=flat,
+        source_flat=torch.cat(src_flat),
+        source_packed=torch.cat(src_packed),
+        prefix_spans=layout,
+    )
+
+
+def pack_shared_prompts(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    position_ids: torch.Tensor | None = None,
+    max_tokens_per_row: int | None = None,
+) -> list[PackedRow]:
+    """Like :func:`pack_padded`, but each distinct prompt is packed once with all its responses
+    after it (see the module docstring). Rows break between groups only; a group over the budget
+    gets a row of its own; groups without any response token are left out."""
+    response_positions(attention_mask, response_length)  # same validation of response_length
+    if position_ids is None:
+        position_ids = position_ids_from_mask(attention_mask)
+    parts = _row_parts(attention_mask, response_length)
+    groups = prompt_groups(input_ids, attention_mask, position_ids, response_length)
+    sizes = [_group_size(members, parts) for members in groups]
+    return [
+        _shared_row([groups[i] for i in chosen], parts, input_ids, position_ids)
+        for chosen in _row_groups(sizes, max_tokens_per_row)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model plumbing
+
+
+def _attn_implementation(model: Any) -> str:
+    config = getattr(model, "module", model).config  # DDP-style wrappers keep the model in .module
+    return getattr(config, "_attn_implementation", None) or "eager"
+
+
+def pack_for_model(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    position_ids: torch.Tensor | None = None,
+    max_tokens_per_row: int | None = None,
+    share_prompt: bool = False,
+) -> list[PackedRow]:
+    """Packed rows for ``model``: shared prompts when asked for and its attention can run them
+    (segment sdpa, sdpa, eager); plain packing otherwise (flash attention), same results."""
+    if share_prompt and _attn_implementation(model) in PREFIX_IMPLEMENTATIONS:
+        return pack_shared_prompts(input_ids, attention_mask, response_length, position_ids, max_tokens_per_row)
+    return pack_padded(input_ids, attention_mask, position_ids, max_tokens_per_row)
+
+
+def _placeholder_mask(device: torch.device) -> torch.Tensor:
+    # transformers hands a 4D mask through untouched; with None it would detect the restarted
+    # positions and build an N x N packed mask (~80 ms at N=2304 on CPU) that segment attention
+    # never reads.
+    return torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+
+
+def _mask_dtype(model: Any, impl: str) -> torch.dtype | None:
+    return next(model.parameters()).dtype if MASK_IMPLEMENTATIONS[impl] else None
+
+
 def attention_inputs(model: Any, row: PackedRow) -> dict[str, Any]:
     """Keyword arguments that make ``model`` attend within each packed sequence of ``row``."""
-    config = getattr(model, "module", model).config  # DDP-style wrappers keep the model in .module
-    impl = getattr(config, "_attn_implementation", None) or "eager"
+    impl = _attn_implementation(model)
+    if row.prefix_spans is not None:
+        return _prefix_attention_inputs(model, impl, row)
     if impl in VARLEN_IMPLEMENTATIONS:
         cu = segment_lengths_to_cu(row.lengths)
         longest = int(row.lengths.max())
         varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
-        # transformers hands a 4D mask through untouched; with None it would detect the restarted
-        # positions and build an N x N packed mask (~80 ms at N=2304 on CPU) that segment attention
-        # never reads. Flash attention must get None (it would unpad with a real mask).
-        placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=row.input_ids.device)
-        return {"attention_mask": placeholder if impl == SEGMENT_SDPA else None, **varlen}
+        # Flash attention must get None (it would unpad with a real mask).
+        return {"attention_mask": _placeholder_mask(row.input_ids.device) if impl == SEGMENT_SDPA else None, **varlen}
     if impl in MASK_IMPLEMENTATIONS:
-        dtype = next(model.parameters()).dtype if MASK_IMPLEMENTATIONS[impl] else None
-        return {"attention_mask": block_causal_mask(row.lengths, additive_dtype=dtype)}
+        return {"attention_mask": block_causal_mask(row.lengths, additive_dtype=_mask_dtype(model, impl))}
     raise ValueError(f"packed forward does not support attn_implementation '{impl}'; use sdpa, eager or {sorted(VARLEN_IMPLEMENTATIONS)}")
+
+
+def _prefix_attention_inputs(model: Any, impl: str, row: PackedRow) -> dict[str, Any]:
+    """The shared-prompt layout as the segment kernel's keyword, or as a dense mask."""
+    spans = row.prefix_spans
+    assert spans is not None
+    if impl == SEGMENT_SDPA:
+        # No cu_seq_lens: they cannot describe the layout, and the kernel reads the spans instead.
+        return {"attention_mask": _placeholder_mask(row.input_ids.device), PREFIX_SPANS_KWARG: spans}
+    if impl in MASK_IMPLEMENTATIONS:
+        mask = prefix_causal_mask(spans, additive_dtype=_mask_dtype(model, impl), device=row.input_ids.device)
+        return {"attention_mask": mask}
+    raise ValueError(f"shared-prompt packing does not support attn_implementation '{impl}'; use {sorted(PREFIX_IMPLEMENTATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -189,9 +377,12 @@ class _RowTargets:
 
 
 def _row_targets(row: PackedRow, wanted: torch.Tensor, input_ids: torch.Tensor, response_length: int) -> _RowTargets:
+    """Wanted padded positions this row computes -> packed positions to keep (repeated when several
+    rows share a prompt's last token), their targets and output slots."""
     width = input_ids.shape[1]
-    keep = wanted.reshape(-1)[row.flat_index].nonzero().squeeze(-1)
-    flat = row.flat_index[keep]
+    hit = wanted.reshape(-1)[row.source_flat].nonzero().squeeze(-1)
+    keep = row.source_packed[hit]
+    flat = row.source_flat[hit]
     b, p = flat // width, flat % width
     targets = input_ids[b, p + 1]
     out_index = b * response_length + (p + 1 - (width - response_length))
@@ -220,19 +411,22 @@ def compute_log_probs(
     use_remove_padding: bool = True,
     max_tokens_per_row: int | None = None,
     entropy_chunk_size: int | None = 1024,
+    share_prompt: bool = False,
 ) -> LogProbOutput:
-    """Log-probs (and entropy) [B, T] of the response tokens under a causal LM."""
-    fn = _packed_log_probs if use_remove_padding else _padded_log_probs
-    return fn(
-        model, input_ids, attention_mask, response_length, position_ids,
-        temperature, compute_entropy, max_tokens_per_row, entropy_chunk_size,
-    )  # fmt: skip
+    """Log-probs (and entropy) [B, T] of the response tokens under a causal LM. ``share_prompt``
+    (packed only) computes each distinct prompt once per packed row; same results."""
+    if not use_remove_padding:
+        return _padded_log_probs(
+            model, input_ids, attention_mask, response_length, position_ids, temperature, compute_entropy, entropy_chunk_size
+        )
+    wanted = response_positions(attention_mask, response_length)  # validates response_length first
+    rows = pack_for_model(model, input_ids, attention_mask, response_length, position_ids, max_tokens_per_row, share_prompt)
+    return _packed_log_probs(model, rows, wanted, input_ids, response_length, temperature, compute_entropy, entropy_chunk_size)
 
 
 def _padded_log_probs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-    position_ids: torch.Tensor | None, temperature: float, compute_entropy: bool,
-    max_tokens_per_row: int | None, chunk: int | None,
+    position_ids: torch.Tensor | None, temperature: float, compute_entropy: bool, chunk: int | None,
 ) -> LogProbOutput:  # fmt: skip
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
@@ -248,16 +442,16 @@ def _padded_log_probs(
 
 
 def _packed_log_probs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-    position_ids: torch.Tensor | None, temperature: float, compute_entropy: bool,
-    max_tokens_per_row: int | None, chunk: int | None,
+    model: Any, rows: list[PackedRow], wanted: torch.Tensor, input_ids: torch.Tensor, response_length: int,
+    temperature: float, compute_entropy: bool, chunk: int | None,
 ) -> LogProbOutput:  # fmt: skip
-    wanted = response_positions(attention_mask, response_length)
     logps, ents, index = [], [], []
-    for row in pack_padded(input_ids, attention_mask, position_ids, max_tokens_per_row):
+    for row in rows:
         sel = _row_targets(row, wanted, input_ids, response_length)
         if sel.keep.numel() == 0:
             continue
+        # keep may repeat a position (a shared prompt's last token): logits_to_keep indexes
+        # hidden[:, keep], so each copy gets its own target and its own gradient path.
         out = model(
             input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False,
             logits_to_keep=sel.keep, **attention_inputs(model, row),
@@ -283,8 +477,11 @@ def compute_values(
     position_ids: torch.Tensor | None = None,
     use_remove_padding: bool = True,
     max_tokens_per_row: int | None = None,
+    share_prompt: bool = False,
 ) -> torch.Tensor:
-    """Values [B, T] (float32) of the states before each response token, for a :class:`ValueModel`."""
+    """Values [B, T] (float32) of the states before each response token, for a :class:`ValueModel`.
+    ``share_prompt`` as in :func:`compute_log_probs` (the value before resp_i's first token is read
+    at the shared prompt's last token)."""
     wanted = response_positions(attention_mask, response_length)
     batch, t = input_ids.shape[0], response_length
     if not use_remove_padding:
@@ -293,7 +490,7 @@ def compute_values(
         values = value_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)[:, -t - 1 : -1]
         return values * wanted[:, -t - 1 : -1].to(values.dtype)
     vals, index = [], []
-    for row in pack_padded(input_ids, attention_mask, position_ids, max_tokens_per_row):
+    for row in pack_for_model(value_model, input_ids, attention_mask, t, position_ids, max_tokens_per_row, share_prompt):
         sel = _row_targets(row, wanted, input_ids, response_length)
         if sel.keep.numel() == 0:
             continue

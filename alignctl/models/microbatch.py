@@ -107,6 +107,23 @@ def balance_batch(seq_lens: Sequence[int], world_size: int) -> list[int]:
     return [i for part in parts for i in part]
 
 
+def balance_groups(group_ids: Sequence[int], prompt_lens: Sequence[int], response_lens: Sequence[int],
+                   world_size: int) -> list[int] | None:
+    """Like :func:`balance_batch`, but the rows of a group (one prompt's n responses) stay together
+    and adjacent, so a rank can compute the group's prompt once (shared-prompt packing); a group
+    costs its prompt once plus all its responses. None when groups cannot be split evenly (unequal
+    group sizes, or a group count not divisible by ``world_size``): balance rows instead."""
+    members: dict[int, list[int]] = {}
+    for row, gid in enumerate(group_ids):
+        members.setdefault(int(gid), []).append(row)
+    groups = list(members.values())
+    if len({len(rows) for rows in groups}) != 1 or len(groups) % world_size:
+        return None
+    costs = [int(prompt_lens[rows[0]]) + sum(int(response_lens[r]) for r in rows) for rows in groups]
+    parts = karmarkar_karp(costs, world_size, equal_size=True)
+    return [row for part in parts for g in part for row in groups[g]]
+
+
 def split_by_indices(tensor: torch.Tensor, parts: Partition) -> list[torch.Tensor]:
     """Rows of ``tensor`` (dim 0) gathered per micro-batch."""
     return [tensor[torch.as_tensor(p, dtype=torch.long, device=tensor.device)] for p in parts]

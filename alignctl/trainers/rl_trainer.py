@@ -21,7 +21,7 @@ from alignctl.algos import kl_penalized_rewards, make_kl_controller
 from alignctl.batch import Batch
 from alignctl.config.core import to_dict, to_yaml
 from alignctl.config.rl import RLConfig
-from alignctl.models.microbatch import balance_batch
+from alignctl.models.microbatch import balance_batch, balance_groups
 from alignctl.trainers.advantage import compute_advantage
 from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
                                           start_partial, truncate_metrics, write_state)
@@ -125,10 +125,18 @@ class RLTrainer:
         return batch.union(Batch({"baseline_rewards": baseline}))
 
     def balance_order(self, batch: Batch) -> list[int]:
-        """Row order giving every worker the same token count (identity when balancing is off)."""
+        """Row order giving every worker the same token count (identity when balancing is off); with
+        shared-prompt packing, whole prompt groups per worker."""
         if not self.cfg.trainer.balance_batch:
             return list(range(len(batch)))
-        return balance_batch(batch["attention_mask"].sum(-1).tolist(), self.workers.world_size)
+        lengths = batch["attention_mask"].sum(-1)
+        if self.cfg.actor_rollout_ref.model.share_prompt and "group_index" in batch:
+            responses = batch["response_mask"].sum(-1)
+            order = balance_groups(batch["group_index"].tolist(), (lengths - responses).tolist(), responses.tolist(),
+                                   self.workers.world_size)
+            if order is not None:
+                return order
+        return balance_batch(lengths.tolist(), self.workers.world_size)
 
     def apply_kl_in_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         scores = batch["token_level_scores"]

@@ -81,7 +81,8 @@ class ActorRolloutRefWorker:
                 model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
                 position_ids=part["position_ids"], temperature=batch.meta["temperature"],
                 compute_entropy=entropy, use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
-                max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens)
+                max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens,
+                share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
             logps.append(out.log_probs)
             ents.append(out.entropy)
         return torch.cat(logps), (torch.cat(ents) if entropy else None)
@@ -127,7 +128,7 @@ class ActorRolloutRefWorker:
             # buffers in each forward and FSDP2/ZeRO-3 gather parameters, so ranks must run the same
             # number of forwards (the micro-batch count is agreed); DDP also wants one forward per
             # backward. Bound the row with the micro-batch size or use_dynamic_bsz instead.
-            max_tokens_per_row=None)
+            max_tokens_per_row=None, share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
         # On-policy steps skip the old-log-prob pass: the sampling policy is the current one.
         old = part["old_log_probs"] if "old_log_probs" in part else out.log_probs.detach()
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(
@@ -135,7 +136,8 @@ class ActorRolloutRefWorker:
             loss_agg_mode=actor.loss_agg_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
             clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c, **counts)
         entropy = agg_loss(out.entropy, mask, actor.loss_agg_mode, **counts)
-        loss = pg_loss - actor.entropy_coeff * entropy
+        # Without an entropy bonus the entropy is only reported: keep it out of the graph (no backward).
+        loss = pg_loss - actor.entropy_coeff * entropy if actor.entropy_coeff else pg_loss
         metrics = {"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy.detach(),
                    "actor/pg_clipfrac": diag["pg_clipfrac"], "actor/pg_clipfrac_lower": diag["pg_clipfrac_lower"],
                    "actor/ppo_kl": diag["ppo_kl"]}

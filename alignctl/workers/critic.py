@@ -50,7 +50,7 @@ class CriticWorker:
         return compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
                               position_ids=part["position_ids"],
                               use_remove_padding=self.cfg.critic.model.use_remove_padding,
-                              max_tokens_per_row=row_budget)
+                              max_tokens_per_row=row_budget, share_prompt=self.cfg.critic.model.share_prompt)
 
     @torch.no_grad()
     @on_worker_device
