@@ -57,6 +57,7 @@ class RLTrainer:
         self.global_step = 0
         self.workers = None
         self.last_batch: Batch | None = None
+        self.saving = False  # a checkpoint is being written (named in failure messages)
         self.need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.on_policy = is_on_policy(cfg)
 
@@ -178,7 +179,7 @@ class RLTrainer:
             self._loop(tracker, result)
             self.workers.broadcast("actor", "save", str(result.policy_dir))
         except WorkerFailed as exc:
-            raise RunFailed(f"step {self.global_step + 1}: {exc}") from exc
+            raise RunFailed(f"{self.activity}: {exc}") from exc
         finally:
             tracker.close()
             self.workers.shutdown()
@@ -216,10 +217,19 @@ class RLTrainer:
     def save_checkpoint(self) -> Path:
         """Every trainable role writes into a partial folder, then the controller state; then commit."""
         partial = start_partial(checkpoint_root(self.parts.run_dir), self.global_step)
+        self.saving = True
         for role in self.trainable_roles:
             self.workers.broadcast(role, "save_checkpoint", str(partial / role))
+        self.saving = False
         write_state(partial, self.controller_state())
         return self.commit_checkpoint(partial)
+
+    @property
+    def activity(self) -> str:
+        """What the run was doing, for failure messages."""
+        if self.saving:
+            return f"saving the step {self.global_step} checkpoint"
+        return f"step {self.global_step + 1}"
 
     def commit_checkpoint(self, partial: Path) -> Path:
         return commit(partial, checkpoint_root(self.parts.run_dir), self.global_step, self.cfg.trainer.max_ckpt_to_keep)

@@ -203,9 +203,28 @@ def _get(refs: Any, role: str, method: str) -> Any:
     except ray.exceptions.RayActorError as exc:
         raise WorkerFailed(f"a '{role}' worker process died during {method} ({type(exc).__name__})") from exc
     except ray.exceptions.RayTaskError as exc:
+        if isinstance(refs, list):
+            _raise_if_a_peer_died(refs, role, method)
         cause = exc.cause if exc.cause is not None else exc
         raise WorkerFailed(f"'{role}' worker failed in {method}: {type(cause).__name__}: "
                            f"{str(cause).splitlines()[0] if str(cause) else ''}") from exc
+
+
+# How long to look for a dead peer behind a rank's error before reporting the error itself.
+PEER_DEATH_GRACE_S = 5.0
+
+
+def _raise_if_a_peer_died(refs: list[Any], role: str, method: str) -> None:
+    """A rank whose collective peer was killed fails with a transport error ("connection reset")
+    that may arrive before Ray reports the death: name the root cause, the dead process."""
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_GRACE_S)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerFailed(f"a '{role}' worker process died during {method} ({type(exc).__name__})") from exc
+        except ray.exceptions.RayTaskError:
+            continue
 
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
