@@ -71,6 +71,7 @@ def test_alignctl_and_trl_configs_describe_the_same_training(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not bench.GSM8K_DIR.exists(), reason=f"needs the GSM8K jsonl files in {bench.GSM8K_DIR}")
 def test_quick_run_writes_a_consistent_record(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "grpo_vs_trl.py"), "--quick", "--json", str(out)],
