@@ -24,19 +24,15 @@ WEIGHTS_DIR = "dcp"  # model + optimizer shards (torch.distributed.checkpoint la
 SCHEDULER_FILE = "lr_scheduler.pt"
 
 
-def save_model_and_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                             folder: Path, *, is_writer: bool) -> None:
+def save_model_and_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / WEIGHTS_DIR))
-    if is_writer:  # the schedule is the same on every rank
-        torch.save(scheduler.state_dict(), folder / SCHEDULER_FILE)
 
 
-def load_model_and_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                             folder: Path) -> None:
+def load_model_and_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -46,7 +42,6 @@ def load_model_and_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder / WEIGHTS_DIR))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
 
 
 def rng_file(folder: Path, rank: int) -> Path:

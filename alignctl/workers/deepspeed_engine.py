@@ -26,7 +26,6 @@ from torch import nn
 
 from alignctl.config.rl import DeepSpeedConfig
 from alignctl.errors import UserError
-from alignctl.workers.checkpoint import SCHEDULER_FILE
 from alignctl.workers.strategy import TrainEngine
 
 # The sub-folder name DeepSpeed's checkpoint gets inside a worker's checkpoint folder.
@@ -131,19 +130,16 @@ class DeepSpeedEngine(TrainEngine):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_state(self, folder: Path, *, is_writer: bool) -> None:
-        """DeepSpeed's own checkpoint (collective): module and ZeRO optimizer partitions per rank; plus
-        our LR schedule. No ``latest`` file: the controller's commit decides what is complete."""
+    def save_weights_and_optimizer(self, folder: Path) -> None:
+        """DeepSpeed's own checkpoint (collective): module and ZeRO optimizer partitions per rank (the
+        base class adds our LR schedule). No ``latest`` file: the controller's commit decides what is complete."""
         self.ds.save_checkpoint(str(folder), tag=_DS_TAG, save_latest=False)
-        if is_writer:
-            torch.save(self.scheduler.state_dict(), folder / SCHEDULER_FILE)
 
-    def load_state(self, folder: Path) -> None:
+    def load_weights_and_optimizer(self, folder: Path) -> None:
         path, _ = self.ds.load_checkpoint(str(folder), tag=_DS_TAG, load_optimizer_states=True,
                                           load_lr_scheduler_states=False)
         if path is None:
             raise FileNotFoundError(f"{folder}: no DeepSpeed checkpoint (tag {_DS_TAG!r})")
-        self.scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
 
     # ------------------------------------------------------------------ full weights
 

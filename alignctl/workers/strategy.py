@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from alignctl.workers.checkpoint import load_model_and_optimizer, save_model_and_optimizer
+from alignctl.workers.checkpoint import SCHEDULER_FILE, load_model_and_optimizer, save_model_and_optimizer
 
 
 def build_optimizer(params: list[nn.Parameter], lr: float, weight_decay: float,
@@ -97,11 +97,20 @@ class TrainEngine:
 
     def save_state(self, folder: Path, *, is_writer: bool) -> None:
         """Weights, optimizer and LR schedule into ``folder`` (collective; see workers/checkpoint.py)."""
-        save_model_and_optimizer(self.model, self.optimizer, self.scheduler, folder, is_writer=is_writer)
+        self.save_weights_and_optimizer(folder)
+        if is_writer:  # the schedule is the same on every rank
+            torch.save(self.scheduler.state_dict(), folder / SCHEDULER_FILE)
 
     def load_state(self, folder: Path) -> None:
         """The inverse of :meth:`save_state`, into an engine built from the same config."""
-        load_model_and_optimizer(self.model, self.optimizer, self.scheduler, folder)
+        self.load_weights_and_optimizer(folder)
+        self.scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, weights_only=True))
+
+    def save_weights_and_optimizer(self, folder: Path) -> None:
+        save_model_and_optimizer(self.model, self.optimizer, folder)
+
+    def load_weights_and_optimizer(self, folder: Path) -> None:
+        load_model_and_optimizer(self.model, self.optimizer, folder)
 
 
 class DDPEngine(TrainEngine):
