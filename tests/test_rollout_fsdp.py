@@ -28,6 +28,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         _check(rank, Path(out_dir))
+        # Both ranks leave together: a rank that tears gloo down while its peer still talks to it can
+        # abort the peer ("terminate called without an active exception"), seen once in CI.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
