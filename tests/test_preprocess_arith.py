@@ -220,6 +220,29 @@ def test_max_rows_truncates_every_file(tmp_path: Path) -> None:
     assert report.files == {name: 7 for name in FILES}
 
 
+def test_terse_sft_rows_give_only_the_right_final_answer(out: Path, tmp_path: Path) -> None:
+    _run(tmp_path / "t", sft_terse_fraction=0.5)
+    for name in FILES:
+        same = (tmp_path / "t" / name).read_bytes() == (out / name).read_bytes()
+        assert same == (not name.startswith("sft_")), name  # only the SFT files change
+    for name in ("sft_train.parquet", "sft_test.parquet"):
+        df = pd.read_parquet(tmp_path / "t" / name)
+        terse = 0
+        for _, row in df.iterrows():
+            _, _, answer = solve(row["extra_info"]["question"])
+            text = row["completion"][0]["content"]
+            if text.startswith("####"):
+                terse += 1
+                assert text == f"#### {answer}"
+            else:
+                assert text == row["extra_info"]["answer"] and parse_worked(text)[1] == answer
+        # A Binomial(n, 0.5) count: 200 rows -> 100 +- 7 (std), 60 rows -> 30 +- 3.9; 4 std either way.
+        assert abs(terse - len(df) / 2) <= 4 * (len(df) / 4) ** 0.5, (name, terse)
+    _run(tmp_path / "all", sft_terse_fraction=1.0)
+    texts = [r[0]["content"] for r in pd.read_parquet(tmp_path / "all" / "sft_train.parquet")["completion"]]
+    assert all(t.startswith("#### ") for t in texts)
+
+
 @pytest.mark.parametrize(("keys", "message"), [
     ({"arith": {"operations": ["+", "/"]}}, "key 'arith.operations' expected a non-empty list of +, -, *"),
     ({"arith": {"min_value": 5, "max_value": 2}}, "expected 0 <= min_value <= max_value"),
@@ -227,6 +250,7 @@ def test_max_rows_truncates_every_file(tmp_path: Path) -> None:
     ({"arith": {"num_test": 0}}, "key 'arith.num_test' expected a positive integer"),
     # max_value 1, one step: 4 names x 4 objects x 4 phrasings ("+ 1" twice, "- 1" twice) = 64 problems.
     ({"arith": {"max_value": 1, "max_steps": 1, "num_test": 10, "num_train": 60}}, "arith: found only"),
+    ({"arith": {"sft_terse_fraction": 1.5}}, "key 'arith.sft_terse_fraction' expected a number in [0, 1]"),
     ({"input": "x.jsonl"}, "preprocess arith: key 'input' is not used"),
     ({"test_fraction": 0.1}, "key 'test_fraction' is not used; set arith.num_test"),
 ])

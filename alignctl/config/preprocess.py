@@ -24,6 +24,8 @@ class ArithConfig:
     max_steps: int = field(2, help="Most operations per problem.")
     operations: list[str] = field(default_factory=lambda: ["+", "-"],
                                   help="Operations to draw from: any of +, -, *.")
+    sft_terse_fraction: float = field(0.0, help="Fraction of SFT demonstrations that give only the "
+                                                "final answer ('#### 9') instead of the worked steps.")
 
 
 @dataclass

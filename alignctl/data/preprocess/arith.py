@@ -10,7 +10,10 @@ non-negative (a subtraction never takes more than there is).
 
 Files (the test questions never appear in any train file):
 - ``train.parquet`` / ``test.parquet``: RL prompts, ground truth = the final number;
-- ``sft_train.parquet`` / ``sft_test.parquet``: the worked answer as the completion;
+- ``sft_train.parquet`` / ``sft_test.parquet``: the worked answer as the completion, or, for a
+  random ``arith.sft_terse_fraction`` of the rows, only the final ``#### N`` (real demonstration
+  data mixes both styles; a small model answers tersely far less reliably, which gives RL a
+  strategy to discover: show the work);
 - ``pref_train.parquet`` / ``pref_test.parquet``: chosen = the worked answer, rejected = a
   plausible wrong one (an arithmetic slip, an off-by-one, a wrong operation, or right steps with
   a wrong final number).
@@ -107,6 +110,8 @@ def check_config(cfg: ArithConfig) -> None:
     bad = [op for op in cfg.operations if op not in OPERATIONS]
     if not cfg.operations or bad:
         raise UserError(f"key 'arith.operations' expected a non-empty list of +, -, *, got {cfg.operations}")
+    if not 0.0 <= cfg.sft_terse_fraction <= 1.0:
+        raise UserError(f"key 'arith.sft_terse_fraction' expected a number in [0, 1], got {cfg.sft_terse_fraction}")
     if "*" in cfg.operations and cfg.max_value < 2:
         raise UserError("key 'arith.operations': '*' needs arith.max_value >= 2 (a multiplier of 2 or more)")
 
@@ -203,26 +208,30 @@ def _info(problem: Problem) -> dict[str, Any]:
     return {"question": problem.question, "answer": render(problem.lines(), problem.answer)}
 
 
-def rl_row(problem: Problem, rng: random.Random, ops: list[str]) -> dict[str, Any]:
+def rl_row(problem: Problem, rng: random.Random, cfg: ArithConfig) -> dict[str, Any]:
     return {"data_source": DATA_SOURCE, "prompt": _prompt(problem), "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
             "extra_info": _info(problem)}
 
 
-def sft_row(problem: Problem, rng: random.Random, ops: list[str]) -> dict[str, Any]:
+def sft_row(problem: Problem, rng: random.Random, cfg: ArithConfig) -> dict[str, Any]:
+    info = _info(problem)
+    # Draw only when asked for, so files made without terse rows stay byte-identical.
+    terse = cfg.sft_terse_fraction > 0 and rng.random() < cfg.sft_terse_fraction
+    answer = f"#### {problem.answer}" if terse else info["answer"]
     return {"data_source": DATA_SOURCE, "prompt": _prompt(problem),
-            "completion": [assistant(_info(problem)["answer"])], "extra_info": _info(problem)}
+            "completion": [assistant(answer)], "extra_info": info}
 
 
-def pref_row(problem: Problem, rng: random.Random, ops: list[str]) -> dict[str, Any]:
-    kind, rejected = wrong_answer(problem, rng, ops)
+def pref_row(problem: Problem, rng: random.Random, cfg: ArithConfig) -> dict[str, Any]:
+    kind, rejected = wrong_answer(problem, rng, cfg.operations)
     info = _info(problem)
     return {"data_source": DATA_SOURCE, "prompt": _prompt(problem),
             "chosen": [assistant(info["answer"])], "rejected": [assistant(rejected)],
             "extra_info": {**info, "rejected_kind": kind}}
 
 
-RowFn = Callable[[Problem, random.Random, list[str]], dict[str, Any]]
+RowFn = Callable[[Problem, random.Random, ArithConfig], dict[str, Any]]
 
 
 def build(ctx: Context) -> None:
@@ -247,6 +256,6 @@ def build(ctx: Context) -> None:
             wrong_rng = random.Random(f"arith-wrong:{cfg.seed}:{split}")
             rows: list[Record] = []
             for i, problem in enumerate(ctx.track(problems, f"arith {prefix}{split}")):
-                ctx.emit(kind, f"arith {prefix}{split} #{i}", make(problem, wrong_rng, arith.operations),
+                ctx.emit(kind, f"arith {prefix}{split} #{i}", make(problem, wrong_rng, arith),
                          rows, split)
             ctx.write(f"{prefix}{split}.parquet", kind, split, rows)
