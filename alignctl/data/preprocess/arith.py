@@ -12,8 +12,8 @@ Files (the test questions never appear in any train file):
 - ``train.parquet`` / ``test.parquet``: RL prompts, ground truth = the final number;
 - ``sft_train.parquet`` / ``sft_test.parquet``: the worked answer as the completion, or, for a
   random ``arith.sft_terse_fraction`` of the rows, only the final ``#### N`` (real demonstration
-  data mixes both styles; a small model answers tersely far less reliably, which gives RL a
-  strategy to discover: show the work);
+  data mixes both styles, and an RL stage then shows which style the reward favours; see
+  docs/data.md for what GRPO did with it on the quickstart model);
 - ``pref_train.parquet`` / ``pref_test.parquet``: chosen = the worked answer, rejected = a
   plausible wrong one (an arithmetic slip, an off-by-one, a wrong operation, or right steps with
   a wrong final number).
