@@ -243,6 +243,26 @@ def test_terse_sft_rows_give_only_the_right_final_answer(out: Path, tmp_path: Pa
     assert all(t.startswith("#### ") for t in texts)
 
 
+def test_disjoint_rl_prompts_follow_every_sft_and_preference_question(out: Path, tmp_path: Path) -> None:
+    """The default fixture (300 RL, 200 SFT, 250 preference rows) shares its first questions between the
+    RL and SFT files; disjoint_rl moves only train.parquet, onto questions after the 250th."""
+    questions = {name: [e["question"] for e in df["extra_info"]] for name, df in _frames(out).items()}
+    assert questions["train.parquet"][:200] == questions["sft_train.parquet"]  # the default overlaps
+    _run(tmp_path / "d", disjoint_rl=True)
+    for name in FILES:
+        same = (tmp_path / "d" / name).read_bytes() == (out / name).read_bytes()
+        assert same == (name != "train.parquet"), name
+    rl = [e["question"] for e in pd.read_parquet(tmp_path / "d" / "train.parquet")["extra_info"]]
+    assert len(rl) == len(set(rl)) == 300
+    assert not set(rl) & (set(questions["sft_train.parquet"]) | set(questions["pref_train.parquet"]))
+    assert not set(rl) & set(questions["test.parquet"])
+    # The same question stream, read further: a 550-question RL file starts with the default
+    # run's first 250 (the preference questions) and continues with the disjoint file.
+    _run(tmp_path / "long", num_train=550)
+    long = [e["question"] for e in pd.read_parquet(tmp_path / "long" / "train.parquet")["extra_info"]]
+    assert long[:250] == questions["pref_train.parquet"] and long[250:] == rl
+
+
 @pytest.mark.parametrize(("keys", "message"), [
     ({"arith": {"operations": ["+", "/"]}}, "key 'arith.operations' expected a non-empty list of +, -, *"),
     ({"arith": {"min_value": 5, "max_value": 2}}, "expected 0 <= min_value <= max_value"),

@@ -26,6 +26,9 @@ class ArithConfig:
                                   help="Operations to draw from: any of +, -, *.")
     sft_terse_fraction: float = field(0.0, help="Fraction of SFT demonstrations that give only the "
                                                 "final answer ('#### 9') instead of the worked steps.")
+    disjoint_rl: bool = field(False, help="Draw the RL prompts after the SFT and preference questions, so RL "
+                                          "trains on questions SFT never showed (default: the same "
+                                          "questions come first in every train file).")
 
 
 @dataclass

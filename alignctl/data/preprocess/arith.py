@@ -9,7 +9,9 @@ GSM8K's ``#### N`` format so the same rule reward scores both. Every intermediat
 non-negative (a subtraction never takes more than there is).
 
 Files (the test questions never appear in any train file):
-- ``train.parquet`` / ``test.parquet``: RL prompts, ground truth = the final number;
+- ``train.parquet`` / ``test.parquet``: RL prompts, ground truth = the final number (the train
+  questions are the first ones of the SFT file too, unless ``arith.disjoint_rl`` draws them after
+  every SFT and preference question);
 - ``sft_train.parquet`` / ``sft_test.parquet``: the worked answer as the completion, or, for a
   random ``arith.sft_terse_fraction`` of the rows, only the final ``#### N`` (real demonstration
   data mixes both styles, and an RL stage then shows which style the reward favours; see
@@ -243,15 +245,19 @@ def build(ctx: Context) -> None:
         raise UserError("preprocess arith: key 'test_fraction' is not used; set arith.num_test instead")
     rng = random.Random(f"arith-questions:{cfg.seed}")
     test = generate(rng, arith, arith.num_test, set())
-    train = generate(rng, arith, max(arith.num_train, arith.num_sft, arith.num_pref),
+    # With disjoint_rl the RL prompts follow the SFT/preference questions in the same stream, so
+    # the SFT and preference files are the same either way.
+    rl_start = max(arith.num_sft, arith.num_pref) if arith.disjoint_rl else 0
+    train = generate(rng, arith, max(rl_start + arith.num_train, arith.num_sft, arith.num_pref),
                      {p.question for p in test})
-    outputs: list[tuple[str, str, RowFn, int]] = [("", "rl", rl_row, arith.num_train),
-                                                  ("sft_", "sft", sft_row, arith.num_sft),
-                                                  ("pref_", "preference", pref_row, arith.num_pref)]
-    for prefix, kind, make, num_train in outputs:
-        if num_train == 0:
+    outputs: list[tuple[str, str, RowFn, list[Problem]]] = [
+        ("", "rl", rl_row, train[rl_start:rl_start + arith.num_train]),
+        ("sft_", "sft", sft_row, train[:arith.num_sft]),
+        ("pref_", "preference", pref_row, train[:arith.num_pref])]
+    for prefix, kind, make, train_problems in outputs:
+        if not train_problems:
             continue
-        for split, problems in (("train", train[:num_train]), ("test", test)):
+        for split, problems in (("train", train_problems), ("test", test)):
             # One wrong-answer stream per file, so test rows do not shift when num_pref changes.
             wrong_rng = random.Random(f"arith-wrong:{cfg.seed}:{split}")
             rows: list[Record] = []
