@@ -41,6 +41,12 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "eval_ppo": ("eval", ["data", "ppo", "reward_model", "sft"]),
         "eval_grpo": ("eval", ["data", "grpo", "reward_model", "sft"]),
     },
+    "arith_grpo.yaml": {
+        "data": ("preprocess", []),
+        "base_model": ("init-model", ["data"]),
+        "sft": ("sft", ["base_model", "data"]),
+        "grpo": ("grpo", ["data", "sft"]),
+    },
     "gsm8k_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
     "gsm8k_ppo.yaml": {"data": ("preprocess", []), "ppo": ("ppo", ["data"]), "eval": ("eval", ["data", "ppo"])},
     "math_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
