@@ -118,8 +118,12 @@ class RLHFTrainer:
         """Train on ``num_episodes`` prompts (rounded up to whole steps of ``batch_size``)."""
         from alignctl.trainers.rl_trainer import create_trainer
 
+        from alignctl.preflight import preflight
+
         steps = max(1, math.ceil(num_episodes / self.config.batch_size))
-        trainer = create_trainer(self._rl_config(steps))
+        cfg = self._rl_config(steps)
+        preflight(cfg, overwrite=True)  # the API replaces its own earlier run, never a folder of the user's
+        trainer = create_trainer(cfg)
         if self.reward_fn is not None:  # runs on the controller, so any Python callable works
             trainer.parts.reward.manager.compute_score = self.reward_fn
         self.result = trainer.fit()
@@ -128,8 +132,9 @@ class RLHFTrainer:
     def save_model(self, path: str | Path) -> Path:
         if self.result is None:
             raise UserError("save_model: call train() first")
+        from alignctl.pipeline.atomic import atomic_output_dir
+
         dest = Path(path)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(self.result.policy_dir, dest)
+        with atomic_output_dir(dest, kind="model") as tmp:  # refuses a folder alignctl did not write
+            shutil.copytree(self.result.policy_dir, tmp, dirs_exist_ok=True)
         return dest

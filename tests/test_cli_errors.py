@@ -241,7 +241,7 @@ INIT_MODEL_CASES = [
     Case("output_exists_without_overwrite",
          ("init-model", "--out", "$IN/model", "--tokenizer-from", "$IN/train.jsonl", "--vocab-size", "300",
           "--hidden", "32", "--layers", "1"),
-         ("output folder '$IN/model' already exists", "pass overwrite"),
+         ("$IN/model", "not written by alignctl"),
          files={"train.jsonl": GOOD_GSM8K, "model/config.json": "{}\n"}, out="$IN/model"),
     Case("output_parent_is_a_file",
          ("init-model", "--out", "$IN/afile/model", "--tokenizer-from", "$IN/train.jsonl", "--vocab-size", "300",

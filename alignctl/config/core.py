@@ -26,9 +26,13 @@ META_KEYS = ("stage",)
 
 
 def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] | None = None,
-          default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with help text (shown by ``config show --help-keys`` and the docs)."""
-    metadata = {"help": help, "choices": choices}
+          default_factory: Any = dataclasses.MISSING, ge: float | None = None, gt: float | None = None,
+          le: float | None = None) -> Any:
+    """A dataclass field with help text (shown by ``config show --help-keys`` and the docs).
+
+    ``ge`` / ``gt`` / ``le`` bound a number (each item of a list of numbers); null passes. Bounds
+    are checked when the config is built, so a bad value fails before anything runs."""
+    metadata = {"help": help, "choices": choices, "bounds": (ge, gt, le)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -42,6 +46,32 @@ def section(cls: type[T], *, help: str) -> Any:
 # ---------------------------------------------------------------------------------- reading
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: PyYAML keeps
+    the last silently, so a second ``lr:`` (or a second stage of the same name) would win unseen."""
+
+
+def _strict_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            first = seen[key]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given on line {first.line + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text safely, refusing duplicate keys."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors name the file (and line for syntax)."""
     path = Path(path)
@@ -50,7 +80,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         raise UserError(f"{path}: expected a YAML file, got a folder")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -72,7 +102,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise UserError(f"command-line override {text!r}: expected KEY=VALUE with a dotted key, e.g. trainer.total_epochs=2")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw  # an unparsable scalar is taken as a plain string; type checking follows
     return key.split("."), value
@@ -224,10 +254,29 @@ def _check_choices(obj: Any, prefix: str, origin: _Origin) -> None:
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
         value = getattr(obj, f.name)
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
         if choices and value not in choices:
-            dotted = f"{prefix}.{f.name}" if prefix else f.name
             raise UserError(f"{origin.of(dotted)}: key {dotted!r} expected one of "
                             f"{', '.join(map(str, choices))}, got {value!r}")
+        bounds = f.metadata.get("bounds")
+        if bounds and any(b is not None for b in bounds):
+            for item in value if isinstance(value, list) else [value]:
+                if item is not None and not _within(item, *bounds):
+                    noun = "an integer" if isinstance(item, int) else "a number"
+                    raise UserError(f"{origin.of(dotted)}: key {dotted!r} expected "
+                                    f"{describe_bounds(*bounds).replace('a number', noun)}, got {value!r}")
+
+
+def _within(value: float, ge: float | None, gt: float | None, le: float | None) -> bool:
+    return ((ge is None or value >= ge) and (gt is None or value > gt) and (le is None or value <= le)
+            and value == value)  # NaN is never within bounds
+
+
+def describe_bounds(ge: float | None, gt: float | None, le: float | None) -> str:
+    """'a number > 0', 'a number in [0, 1]' ... (error messages and the config reference)."""
+    parts = [f">= {ge:g}" if ge is not None else "", f"> {gt:g}" if gt is not None else "",
+             f"<= {le:g}" if le is not None else ""]
+    return "a number " + " and ".join(p for p in parts if p)
 
 
 def build_config(cls: type[T], data: dict[str, Any], *, file: str | None = None,
@@ -294,4 +343,6 @@ def iter_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, str, An
             default = f.default_factory()
         else:
             default = "(required)"
-        yield dotted, _type_name(tp), default, f.metadata.get("help", "")
+        bounds = f.metadata.get("bounds") or (None, None, None)
+        limits = describe_bounds(*bounds).removeprefix("a number ") if any(b is not None for b in bounds) else ""
+        yield dotted, f"{_type_name(tp)} {limits}".strip(), default, f.metadata.get("help", "")

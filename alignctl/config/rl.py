@@ -27,11 +27,11 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list, help="RL prompt parquet files (preprocess output).")
     val_files: list[str] = field(default_factory=list, help="Validation prompt parquet files.")
     prompt_key: str = field("prompt", help="Column holding the chat messages of the prompt.")
-    max_prompt_length: int = field(512, help="Prompts longer than this (tokens) are filtered out and counted.")
-    max_response_length: int = field(512, help="Most new tokens per response.")
-    train_batch_size: int = field(32, help="Prompts per training step.")
-    val_batch_size: int | None = field(None, help="Prompts per validation generation call (default: all).")
-    max_val_samples: int | None = field(None, help="Use at most this many validation prompts.")
+    max_prompt_length: int = field(512, ge=1, help="Prompts longer than this (tokens) are filtered out and counted.")
+    max_response_length: int = field(512, ge=1, help="Most new tokens per response.")
+    train_batch_size: int = field(32, ge=1, help="Prompts per training step.")
+    val_batch_size: int | None = field(None, ge=1, help="Prompts per validation generation call (default: all).")
+    max_val_samples: int | None = field(None, ge=1, help="Use at most this many validation prompts.")
     shuffle: bool = field(True, help="Shuffle training prompts every epoch (seeded).")
     seed: int = field(1, help="Seed of the dataloader shuffle.")
     custom_cls: CustomClass = section(CustomClass, help="A user dataset class replacing the built-in one.")
@@ -47,7 +47,7 @@ class ModelConfig:
                                                   "segment by segment, cost sum(len^2)), else sdpa.",
                                      choices=("auto", "sdpa", "eager", "flash_attention_2", "alignctl_segment_sdpa"))
     use_remove_padding: bool = field(True, help="Pack sequences (block-diagonal attention) in log-prob and training forwards.")
-    max_packed_row_tokens: int = field(2048, help="Most tokens per packed row in no-grad passes (old/ref "
+    max_packed_row_tokens: int = field(2048, ge=1, help="Most tokens per packed row in no-grad passes (old/ref "
                                                   "log-probs, values): with a dense block-diagonal mask (sdpa, "
                                                   "eager) attention cost grows with the square of a row. Training "
                                                   "forwards pack each micro-batch into one row.")
@@ -56,21 +56,21 @@ class ModelConfig:
                                            "use_remove_padding and alignctl_segment_sdpa, sdpa or eager attention "
                                            "(flash attention falls back to plain packing).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
-    lora_rank: int = field(0, help="LoRA rank; 0 trains all weights.")
-    lora_alpha: int = field(16, help="LoRA alpha.")
+    lora_rank: int = field(0, ge=0, help="LoRA rank; 0 trains all weights.")
+    lora_alpha: int = field(16, gt=0, help="LoRA alpha.")
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
                                       help="Modules that get LoRA adapters.")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = field(1e-6, help="Peak learning rate.")
-    weight_decay: float = field(0.01, help="AdamW weight decay.")
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], help="AdamW betas.")
-    lr_warmup_steps: int = field(-1, help="Warm-up steps (-1: use lr_warmup_steps_ratio).")
-    lr_warmup_steps_ratio: float = field(0.0, help="Warm-up as a fraction of total training steps.")
+    lr: float = field(1e-6, gt=0, help="Peak learning rate.")
+    weight_decay: float = field(0.01, ge=0, help="AdamW weight decay.")
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], ge=0, le=1, help="AdamW betas.")
+    lr_warmup_steps: int = field(-1, ge=-1, help="Warm-up steps (-1: use lr_warmup_steps_ratio).")
+    lr_warmup_steps_ratio: float = field(0.0, ge=0, le=1, help="Warm-up as a fraction of total training steps.")
     warmup_style: str = field("constant", help="Schedule after warm-up.", choices=("constant", "cosine"))
-    min_lr_ratio: float = field(0.0, help="Cosine schedule floor as a fraction of lr.")
+    min_lr_ratio: float = field(0.0, ge=0, le=1, help="Cosine schedule floor as a fraction of lr.")
 
 
 @dataclass
@@ -86,31 +86,31 @@ class DeepSpeedConfig:
                                                 "(ZeRO-Offload); frees GPU memory, a no-op for CPU workers.")
     offload_param: bool = field(False, help="ZeRO-3 only: keep the parameter shards in CPU memory between uses; "
                                             "a no-op for CPU workers.")
-    param_persistence_threshold: int = field(100000, help="ZeRO-3: parameters with at most this many elements are "
+    param_persistence_threshold: int = field(100000, ge=0, help="ZeRO-3: parameters with at most this many elements are "
                                                           "not sharded (DeepSpeed's stage3_param_persistence_threshold).")
 
 
 @dataclass
 class ActorConfig:
     strategy: str = field("ddp", help="Training backend.", choices=STRATEGIES)
-    ppo_mini_batch_size: int = field(16, help="Prompts per optimizer step (x rollout.n responses).")
-    ppo_micro_batch_size_per_gpu: int | None = field(None, help="Responses per forward/backward per worker "
+    ppo_mini_batch_size: int = field(16, ge=1, help="Prompts per optimizer step (x rollout.n responses).")
+    ppo_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per forward/backward per worker "
                                                                 "(default: the whole local mini-batch).")
     use_dynamic_bsz: bool = field(False, help="Token-budgeted micro-batches instead of a fixed count.")
-    ppo_max_token_len_per_gpu: int = field(16384, help="Token budget of a dynamic micro-batch.")
-    ppo_epochs: int = field(1, help="Passes over each step's data.")
+    ppo_max_token_len_per_gpu: int = field(16384, ge=1, help="Token budget of a dynamic micro-batch.")
+    ppo_epochs: int = field(1, ge=1, help="Passes over each step's data.")
     shuffle: bool = field(False, help="Shuffle responses before splitting into mini-batches.")
     grad_clip: float = field(1.0, help="Max global gradient norm (<=0 disables clipping).")
-    clip_ratio: float = field(0.2, help="PPO clip range (both sides unless low/high are set).")
-    clip_ratio_low: float | None = field(None, help="Lower clip range (DAPO clip-higher).")
-    clip_ratio_high: float | None = field(None, help="Upper clip range (DAPO clip-higher).")
-    clip_ratio_c: float = field(3.0, help="Dual-clip constant for negative advantages.")
+    clip_ratio: float = field(0.2, gt=0, help="PPO clip range (both sides unless low/high are set).")
+    clip_ratio_low: float | None = field(None, gt=0, help="Lower clip range (DAPO clip-higher).")
+    clip_ratio_high: float | None = field(None, gt=0, help="Upper clip range (DAPO clip-higher).")
+    clip_ratio_c: float = field(3.0, gt=1, help="Dual-clip constant for negative advantages.")
     loss_agg_mode: str = field("token-mean", help="How token losses are averaged.",
                                choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                         "seq-mean-token-sum-norm"))
     entropy_coeff: float = field(0.0, help="Entropy bonus coefficient.")
     use_kl_loss: bool = field(False, help="Add a KL(actor || ref) loss term (GRPO style).")
-    kl_loss_coef: float = field(0.001, help="Coefficient of the KL loss.")
+    kl_loss_coef: float = field(0.001, ge=0, help="Coefficient of the KL loss.")
     kl_loss_type: str = field("low_var_kl", help="KL estimator of the KL loss (k1, abs, k2/mse, k3/low_var_kl, k1+, k3+).")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, help="Policy loss selection.")
     optim: OptimConfig = section(OptimConfig, help="Optimizer of the actor.")
@@ -119,29 +119,29 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: int | None = field(None, help="Responses per reference forward (default: all).")
+    log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per reference forward (default: all).")
 
 
 @dataclass
 class ValKwargs:
-    n: int = field(1, help="Samples per validation prompt.")
+    n: int = field(1, ge=1, help="Samples per validation prompt.")
     do_sample: bool = field(False, help="Sample (true) or greedy (false) during validation.")
-    temperature: float = field(0.0, help="Validation temperature (when sampling).")
-    top_p: float = field(1.0, help="Validation nucleus threshold.")
-    top_k: int = field(-1, help="Validation top-k (-1: off).")
+    temperature: float = field(0.0, ge=0, help="Validation temperature (when sampling).")
+    top_p: float = field(1.0, gt=0, le=1, help="Validation nucleus threshold.")
+    top_k: int = field(-1, ge=-1, help="Validation top-k (-1: off).")
 
 
 @dataclass
 class RolloutConfig:
     name: str = field("hf", help="Rollout engine.", choices=("hf", "vllm"))
-    n: int = field(1, help="Responses per prompt.")
-    temperature: float = field(1.0, help="Sampling temperature.")
-    top_p: float = field(1.0, help="Nucleus threshold.")
-    top_k: int = field(-1, help="Top-k (-1: off).")
+    n: int = field(1, ge=1, help="Responses per prompt.")
+    temperature: float = field(1.0, ge=0, help="Sampling temperature.")
+    top_p: float = field(1.0, gt=0, le=1, help="Nucleus threshold.")
+    top_k: int = field(-1, ge=-1, help="Top-k (-1: off).")
     do_sample: bool = field(True, help="Sample (true) or greedy (false).")
-    log_prob_micro_batch_size_per_gpu: int | None = field(None, help="Responses per old-log-prob forward (default: all).")
-    gpu_memory_utilization: float = field(0.5, help="vllm: fraction of GPU memory for weights + KV cache.")
-    tensor_model_parallel_size: int = field(1, help="vllm: tensor-parallel degree.")
+    log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per old-log-prob forward (default: all).")
+    gpu_memory_utilization: float = field(0.5, gt=0, le=1, help="vllm: fraction of GPU memory for weights + KV cache.")
+    tensor_model_parallel_size: int = field(1, ge=1, help="vllm: tensor-parallel degree.")
     enforce_eager: bool = field(True, help="vllm: disable CUDA graphs.")
     val_kwargs: ValKwargs = section(ValKwargs, help="Sampling during validation.")
 
@@ -169,12 +169,12 @@ class CriticConfig:
     model: CriticModelConfig = section(CriticModelConfig, help="The value model.")
     optim: OptimConfig = section(OptimConfig, help="Optimizer of the critic.")
     deepspeed: DeepSpeedConfig = section(DeepSpeedConfig, help="ZeRO options when strategy=deepspeed.")
-    ppo_mini_batch_size: int | None = field(None, help="Prompts per critic step (default: the actor's).")
-    ppo_micro_batch_size_per_gpu: int | None = field(None, help="Responses per critic forward/backward.")
+    ppo_mini_batch_size: int | None = field(None, ge=1, help="Prompts per critic step (default: the actor's).")
+    ppo_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per critic forward/backward.")
     use_dynamic_bsz: bool = field(False, help="Token-budgeted micro-batches.")
-    ppo_max_token_len_per_gpu: int = field(32768, help="Token budget of a dynamic micro-batch.")
-    ppo_epochs: int | None = field(None, help="Passes over each step's data (default: the actor's).")
-    cliprange_value: float = field(0.5, help="Value clipping range around the old values.")
+    ppo_max_token_len_per_gpu: int = field(32768, ge=1, help="Token budget of a dynamic micro-batch.")
+    ppo_epochs: int | None = field(None, ge=1, help="Passes over each step's data (default: the actor's).")
+    cliprange_value: float = field(0.5, gt=0, help="Value clipping range around the old values.")
     loss_agg_mode: str = field("token-mean", help="How token value losses are averaged.")
     grad_clip: float = field(1.0, help="Max global gradient norm.")
 
@@ -189,15 +189,15 @@ class RewardModelSection:
 class RewardModelConfig:
     enable: bool = field(False, help="Score responses with a reward model.")
     model: RewardModelSection = section(RewardModelSection, help="The reward model.")
-    micro_batch_size_per_gpu: int | None = field(None, help="Pairs per reward-model forward.")
+    micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Pairs per reward-model forward.")
     normalize: bool = field(True, help="Normalise RM scores with the mean/std saved by train-rm.")
     reward_manager: str = field("naive", help="Rule/custom reward manager.", choices=("naive", "batch", "dapo"))
-    num_workers: int = field(0, help="Processes scoring responses in parallel (0: in the controller).")
-    timeout_s: float = field(10.0, help="Hard per-item scoring timeout (seconds); a timed-out item scores 0.")
+    num_workers: int = field(0, ge=0, help="Processes scoring responses in parallel (0: in the controller).")
+    timeout_s: float = field(10.0, gt=0, help="Hard per-item scoring timeout (seconds); a timed-out item scores 0.")
     rule_weight: float = field(1.0, help="Weight of the rule/custom score when an RM is also used.")
     rm_weight: float = field(1.0, help="Weight of the RM score.")
-    overlong_buffer_len: int = field(0, help="dapo: length of the overlong penalty ramp (0: off).")
-    overlong_penalty_factor: float = field(1.0, help="dapo: penalty at the maximum length.")
+    overlong_buffer_len: int = field(0, ge=0, help="dapo: length of the overlong penalty ramp (0: off).")
+    overlong_penalty_factor: float = field(1.0, ge=0, help="dapo: penalty at the maximum length.")
 
 
 @dataclass
@@ -209,24 +209,24 @@ class CustomRewardFunction:
 @dataclass
 class KLControl:
     type: str = field("fixed", help="KL coefficient controller.", choices=("fixed", "adaptive"))
-    kl_coef: float = field(0.001, help="(Initial) KL-in-reward coefficient.")
-    horizon: int = field(10000, help="adaptive: horizon of the proportional controller.")
-    target_kl: float = field(0.1, help="adaptive: target KL.")
+    kl_coef: float = field(0.001, ge=0, help="(Initial) KL-in-reward coefficient.")
+    horizon: int = field(10000, ge=1, help="adaptive: horizon of the proportional controller.")
+    target_kl: float = field(0.1, gt=0, help="adaptive: target KL.")
 
 
 @dataclass
 class FilterGroups:
     enable: bool = field(False, help="DAPO dynamic sampling: drop prompts whose responses all got the same score "
                                      "and keep generating until the batch is full.")
-    max_num_gen_batches: int = field(10, help="Give up (error) after this many generation rounds in one step.")
+    max_num_gen_batches: int = field(10, ge=1, help="Give up (error) after this many generation rounds in one step.")
 
 
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = field("grpo", help="Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, "
                                            "reinforce_plus_plus_baseline, remax, opo, grpo_passk.")
-    gamma: float = field(1.0, help="Discount.")
-    lam: float = field(1.0, help="GAE lambda.")
+    gamma: float = field(1.0, ge=0, le=1, help="Discount.")
+    lam: float = field(1.0, ge=0, le=1, help="GAE lambda.")
     norm_adv_by_std_in_grpo: bool = field(True, help="false gives Dr.GRPO.")
     use_kl_in_reward: bool = field(False, help="Subtract beta * KL(actor || ref) from token rewards.")
     kl_penalty: str = field("kl", help="KL estimator in the reward (kl/k1, abs, mse/k2, low_var_kl/k3).")
@@ -239,24 +239,30 @@ class TrainerConfig:
     project_name: str = field("alignctl", help="Project name (trackers).")
     experiment_name: str = field("run", help="Run name (trackers, run folder).")
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"], help="console, jsonl, tensorboard, wandb.")
-    total_epochs: int = field(1, help="Passes over the training prompts.")
-    total_training_steps: int | None = field(None, help="Stop after this many steps (overrides epochs).")
-    nnodes: int = field(1, help="Nodes in the Ray cluster.")
-    n_gpus_per_node: int = field(1, help="Workers per node (GPUs; on CPU, worker processes).")
+    total_epochs: int = field(1, ge=1, help="Passes over the training prompts.")
+    total_training_steps: int | None = field(None, ge=1, help="Stop after this many steps (overrides epochs).")
+    nnodes: int = field(1, ge=1, help="Nodes in the Ray cluster.")
+    n_gpus_per_node: int = field(1, ge=1, help="Workers per node (GPUs; on CPU, worker processes).")
     device: str = field("auto", help="Device of the workers.", choices=("auto", "cpu", "cuda"))
-    cpus_per_worker: int = field(1, help="CPU cores (and torch threads) given to each worker.")
-    test_freq: int = field(-1, help="Validate every N steps (-1: only at the end).")
+    cpus_per_worker: int = field(1, ge=1, help="CPU cores (and torch threads) given to each worker.")
+    test_freq: int = field(-1, ge=-1, help="Validate every N steps (-1: only at the end).")
     val_before_train: bool = field(True, help="Validate before the first step.")
-    save_freq: int = field(-1, help="Save a checkpoint (weights, optimizer, LR schedule, KL controller, data position, "
+    save_freq: int = field(-1, ge=-1, help="Save a checkpoint (weights, optimizer, LR schedule, KL controller, data position, "
                                     "random state) every N steps and at the last step (-1: none; the final policy "
                                     "is always saved).")
     resume_mode: str = field("auto", help="auto: continue from the newest complete checkpoint in <run folder>/checkpoints "
                                           "(a fresh start when there is none); disable: start at step 0; or the path "
                                           "of a global_step_N checkpoint folder.")
-    max_ckpt_to_keep: int | None = field(None, help="Keep only the newest K checkpoints (null: keep all).")
+    max_ckpt_to_keep: int | None = field(None, ge=1, help="Keep only the newest K checkpoints (null: keep all).")
+    trust_checkpoint: bool = field(False, help="Resume from a checkpoint that this installation did not write (no "
+                                               "signed manifest, or files changed since): loading it runs pickled "
+                                               "code, so only for checkpoints from a source you trust.")
+    stop_on_flat_reward: bool = field(True, help="Stop with an error when every response of the first batch gets "
+                                                 "the same reward (nothing to learn from: missing ground truth, a "
+                                                 "reward that never fires); false only warns.")
     default_local_dir: str = field("runs", help="Parent folder of run folders.")
     run_dir: str | None = field(None, help="Exact run folder (default: default_local_dir/experiment_name).")
-    critic_warmup: int = field(0, help="Steps that train only the critic.")
+    critic_warmup: int = field(0, ge=0, help="Steps that train only the critic.")
     balance_batch: bool = field(True, help="Reorder each batch so workers get equal token counts.")
     seed: int = field(1, help="Seed of model init, sampling and shuffles.")
     ray_address: str | None = field(None, help="Ray cluster address (default: start a local one).")
@@ -280,6 +286,12 @@ class RLConfig:
         estimator = self.algorithm.adv_estimator
         if estimator not in ADV_ESTIMATORS:
             raise UserError(f"key 'algorithm.adv_estimator' expected one of {', '.join(ADV_ESTIMATORS)}, got {estimator!r}")
+        from alignctl.algos.kl import KL_PENALTY_KINDS
+
+        for key, kind in (("actor_rollout_ref.actor.kl_loss_type", self.actor_rollout_ref.actor.kl_loss_type),
+                          ("algorithm.kl_penalty", self.algorithm.kl_penalty)):
+            if kind not in KL_PENALTY_KINDS:
+                raise UserError(f"key {key!r} expected one of {', '.join(KL_PENALTY_KINDS)}, got {kind!r}")
         loss = self.actor_rollout_ref.actor.policy_loss.loss_mode
         if loss not in POLICY_LOSSES:
             raise UserError(f"key 'actor_rollout_ref.actor.policy_loss.loss_mode' expected one of "
@@ -316,7 +328,42 @@ class RLConfig:
         if micro is not None and not actor.use_dynamic_bsz and (actor.ppo_mini_batch_size * n // world) % micro:
             raise UserError(f"key 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu' ({micro}) must divide "
                             f"the per-worker mini-batch ({actor.ppo_mini_batch_size * n // world} responses)")
+        self._check_critic_batches(world)
+        self._check_sampling()
+        for key in ("test_freq", "save_freq"):
+            if getattr(self.trainer, key) == 0:
+                raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
         if self.algorithm.adv_estimator in ("grpo", "rloo", "opo", "grpo_passk",
                                             "reinforce_plus_plus_baseline") and n < 2:
             raise UserError(f"algorithm.adv_estimator={self.algorithm.adv_estimator} compares responses of a "
                             f"prompt: set actor_rollout_ref.rollout.n >= 2 (got {n})")
+
+    def _check_critic_batches(self, world: int) -> None:
+        """The critic splits each step's batch like the actor does: the same divisibility rules."""
+        if not self.use_critic:
+            return
+        critic, n = self.critic, self.actor_rollout_ref.rollout.n
+        mini = critic.ppo_mini_batch_size or self.actor_rollout_ref.actor.ppo_mini_batch_size
+        if self.data.train_batch_size % mini:
+            raise UserError(f"key 'critic.ppo_mini_batch_size' ({mini}) must divide data.train_batch_size "
+                            f"({self.data.train_batch_size})")
+        if (mini * n) % world:
+            raise UserError(f"critic.ppo_mini_batch_size x rollout.n ({mini * n}) must be divisible by the number "
+                            f"of workers ({world})")
+        micro = critic.ppo_micro_batch_size_per_gpu
+        if micro is not None and not critic.use_dynamic_bsz and (mini * n // world) % micro:
+            raise UserError(f"key 'critic.ppo_micro_batch_size_per_gpu' ({micro}) must divide the per-worker "
+                            f"critic mini-batch ({mini * n // world} responses)")
+
+    def _check_sampling(self) -> None:
+        rollout = self.actor_rollout_ref.rollout
+        if rollout.do_sample and rollout.temperature <= 0:
+            raise UserError(f"key 'actor_rollout_ref.rollout.temperature' expected > 0 when sampling "
+                            f"(do_sample=true), got {rollout.temperature}")
+        val = rollout.val_kwargs
+        if val.do_sample and val.temperature <= 0:
+            raise UserError(f"key 'actor_rollout_ref.rollout.val_kwargs.temperature' expected > 0 with "
+                            f"val_kwargs.do_sample=true, got {val.temperature}")
+        if val.n > 1 and not val.do_sample:
+            raise UserError(f"key 'actor_rollout_ref.rollout.val_kwargs.n' is {val.n} with do_sample=false: "
+                            f"{val.n} identical greedy responses; set val_kwargs.do_sample=true or n=1")

@@ -20,7 +20,7 @@ with a fresh head; a sequence-classification reward model's ``score`` row seeds 
 critic initialised from the reward model, as OpenRLHF does).
 
 Offline rule: a path that exists or *looks* local (absolute, ``./``, ``../``, ``~``, more than one
-``/``) is never sent to a hub: ``local_files_only=True``. Only a bare ``org/name`` that does not
+``/``, or a first part that is a local folder) is never sent to a hub: ``local_files_only=True``. Only a bare ``org/name`` that does not
 exist on disk is treated as a hub id.
 """
 
@@ -72,7 +72,10 @@ def looks_local(path_or_name: str | os.PathLike[str]) -> bool:
         return True
     if text.startswith(("./", "../", "~", ".\\", "..\\")) or text in (".", ".."):
         return True
-    return text.count("/") > 1 or text.endswith(("/", os.sep))
+    if text.count("/") > 1 or text.endswith(("/", os.sep)):
+        return True
+    # "models/nope" where ./models exists is a typo'd local path, not a hub repo of user "models".
+    return "/" in text and os.path.isdir(text.split("/", 1)[0])
 
 
 MODEL_FILES = ("config.json",)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from alignctl.errors import UserError
+from alignctl.pipeline.ownership import check_replaceable, is_empty_dir, mark_owned
 
 
 def _check_parent_writable(dest: Path) -> Path:
@@ -30,16 +31,21 @@ def _check_parent_writable(dest: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(dest: str | os.PathLike[str], *, overwrite: bool = True) -> Iterator[Path]:
+def atomic_output_dir(dest: str | os.PathLike[str], *, overwrite: bool = True,
+                      kind: str = "artifact") -> Iterator[Path]:
     """Yield a fresh temporary folder; on success it replaces ``dest``, on error it is removed.
 
-    ``overwrite=False`` refuses to replace an existing ``dest`` (UserError).
+    Only an empty folder or one alignctl wrote may be replaced (:mod:`alignctl.pipeline.ownership`);
+    ``overwrite=False`` refuses to replace an existing non-empty ``dest`` at all (UserError). The
+    new folder carries the ownership marker, so a later run may replace it.
     """
     dest = Path(dest).absolute()
-    if dest.exists() and not overwrite:
-        raise UserError(f"{dest}: output already exists (pass --overwrite to replace it)")
     if dest.exists() and not dest.is_dir():
         raise UserError(f"{dest}: output path exists and is a file, expected a folder")
+    if dest.exists():
+        check_replaceable(dest)
+        if not overwrite and not is_empty_dir(dest):
+            raise UserError(f"{dest}: output already exists (pass --overwrite to replace it)")
     parent = _check_parent_writable(dest)
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -50,6 +56,7 @@ def atomic_output_dir(dest: str | os.PathLike[str], *, overwrite: bool = True) -
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the artifact should read like any new folder
     try:
+        mark_owned(tmp, kind)
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

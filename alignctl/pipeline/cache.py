@@ -21,6 +21,7 @@ from typing import Any
 from alignctl.config.core import build_config, merge_dicts, to_dict
 from alignctl.errors import UserError
 from alignctl.pipeline.manifest import read_manifest
+from alignctl.pipeline.ownership import check_replaceable, is_empty_dir, is_owned, mark_owned
 from alignctl.pipeline.spec import PipelineSpec, StageSpec, substitute
 from alignctl.pipeline.stages import KIND_DEFAULTS, STAGE_KINDS
 
@@ -77,15 +78,27 @@ def stage_state(spec: PipelineSpec, name: str, key: str) -> StageState:
 
 
 def clear(path: Path) -> None:
-    """Remove an incomplete or forced artifact folder before its stage runs again."""
+    """Remove an incomplete or forced artifact folder before its stage runs again (only one that
+    alignctl wrote: a folder of the user's at that path is an error, never deleted)."""
     if path.exists():
+        check_replaceable(path)
         shutil.rmtree(path)
+
+
+def check_workdir(workdir: Path) -> None:
+    """A pipeline's workdir is new, empty, or an alignctl workdir: never a folder of the user's."""
+    if workdir.exists() and not (workdir.is_dir() and (is_empty_dir(workdir) or is_owned(workdir))):
+        raise UserError(f"workdir {workdir}: exists and was not created by alignctl; refusing to write stage "
+                        f"folders into it (choose a new workdir)")
 
 
 @contextlib.contextmanager
 def workdir_lock(workdir: Path) -> Iterator[None]:
     """Exclusive lock over a workdir: a second run waits, then finds the first one's artifacts."""
+    check_workdir(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if not is_owned(workdir):
+        mark_owned(workdir, "pipeline workdir")
     lock_path = workdir / ".alignctl.lock"
     with open(lock_path, "a+") as handle:
         try:

@@ -11,10 +11,11 @@ from typing import Any
 from alignctl.config.core import to_dict
 from alignctl.console import console
 from alignctl.errors import UserError
-from alignctl.pipeline.cache import (StageState, artifact_dir, clear, stage_keys, stage_state, typed_config,
-                                     workdir_lock)
+from alignctl.pipeline.cache import (StageState, artifact_dir, check_workdir, clear, stage_keys, stage_state,
+                                     typed_config, workdir_lock)
 from alignctl.pipeline.manifest import write_manifest
 from alignctl.pipeline.spec import PipelineSpec, load_pipeline
+from alignctl.preflight import preflight
 from alignctl.pipeline.stages import STAGE_KINDS
 
 
@@ -52,6 +53,7 @@ def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -
     stage = spec.stages[name]
     folder = artifact_dir(spec, name, key)
     cfg = typed_config(stage, paths, str(folder), spec.path)
+    _stage_preflight(spec, name, cfg)  # every input exists now: the full check, before the folder is touched
     clear(folder)  # an incomplete previous attempt (no manifest) is never reused
     console.rule(f"[bold]{name}[/] ({stage.kind})")
     start = time.perf_counter()
@@ -63,6 +65,25 @@ def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -
     return StageOutcome(name, stage.kind, "ran", folder, key, seconds, metrics)
 
 
+def _preflight_all(spec: PipelineSpec, paths: dict[str, str], to_build: set[str], to_run: list[str], *,
+                   offline_ok: bool) -> None:
+    """Check every stage before the first one runs: inputs that an upstream stage will build are
+    taken on trust until that stage has run (each stage is checked in full again just before it
+    starts)."""
+    pending = [paths[name] for name in to_build]
+    for name in to_run:
+        cfg = typed_config(spec.stages[name], paths, paths[name], spec.path)
+        _stage_preflight(spec, name, cfg, pending, offline_ok=offline_ok)
+
+
+def _stage_preflight(spec: PipelineSpec, name: str, cfg: Any, pending: list[str] | None = None, *,
+                     offline_ok: bool = False) -> None:
+    try:
+        preflight(cfg, pending=pending or (), outputs=False, offline_ok=offline_ok)
+    except UserError as exc:
+        raise UserError(f"{spec.path} (stage {name!r}): {exc}") from None
+
+
 def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: str | None = None,
                  dry_run: bool = False) -> list[StageOutcome]:
     force = force or []
@@ -70,11 +91,15 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
     keys = stage_keys(spec)  # resolves and validates every stage's config before anything runs
     forced = _downstream(spec, set(force))
     paths = {name: str(artifact_dir(spec, name, key)) for name, key in keys.items()}
+    check_workdir(spec.workdir)
+    states = {name: stage_state(spec, name, key) for name, key in keys.items()}
+    to_run = list(spec.stages)[: list(spec.stages).index(until) + 1] if until else list(spec.stages)
+    _preflight_all(spec, paths, {n for n, st in states.items() if st.state != "cached" or n in forced}, to_run,
+                   offline_ok=dry_run)
     outcomes: list[StageOutcome] = []
     if dry_run:
         for name, key in keys.items():
-            typed_config(spec.stages[name], paths, paths[name], spec.path)
-            state = stage_state(spec, name, key)
+            state = states[name]
             outcomes.append(StageOutcome(name, spec.stages[name].kind, f"planned ({state.state})", state.path, key))
         return outcomes
     with workdir_lock(spec.workdir):

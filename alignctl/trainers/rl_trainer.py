@@ -22,6 +22,7 @@ from alignctl.batch import Batch
 from alignctl.config.core import to_dict, to_yaml
 from alignctl.config.rl import RLConfig
 from alignctl.models.microbatch import balance_batch, balance_groups
+from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
 from alignctl.trainers.advantage import compute_advantage
 from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
                                           start_partial, truncate_metrics, write_state)
@@ -158,18 +159,15 @@ class RLTrainer:
 
     def fit(self) -> RunResult:
         run_dir = self.parts.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        check_replaceable(run_dir)  # never write into a folder of the user's (preflight said so already)
         result = RunResult(run_dir, run_dir / "actor", 0)
         resume_from = self.restore_controller(result)
-        (run_dir / "config.yaml").write_text(to_yaml(self.cfg), encoding="utf-8")
-        tracker = Tracker.create(self.cfg.trainer.logger, run_dir, project=self.cfg.trainer.project_name,
-                                 name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg),
-                                 resume=resume_from is not None)
         try:
             self.workers = start_workers(self.cfg, self.parts.total_steps)
         except WorkerFailed as exc:
             raise RunFailed(f"starting workers: {exc}") from exc
-        (run_dir / "workers.json").write_text(json.dumps(self.workers.describe(), indent=2), encoding="utf-8")
+        # Only now, with every worker up, is the run folder written: a failed start leaves it as it was.
+        tracker = self.open_run_dir(resume=resume_from is not None)
         if self.cfg.reward_model.enable:
             self.parts.reward.model_scorer = lambda texts: self.workers.split("rm", "compute_rm_score", texts)
         try:
@@ -186,12 +184,38 @@ class RLTrainer:
         (run_dir / "summary.json").write_text(json.dumps(_summary(result), indent=2), encoding="utf-8")
         return result
 
+    def open_run_dir(self, *, resume: bool) -> Tracker:
+        """Create (and mark as alignctl's) the run folder; write the config and the worker layout."""
+        run_dir = self.parts.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not is_owned(run_dir):
+            mark_owned(run_dir, "rl run")
+        (run_dir / "config.yaml").write_text(to_yaml(self.cfg), encoding="utf-8")
+        (run_dir / "workers.json").write_text(json.dumps(self.workers.describe(), indent=2), encoding="utf-8")
+        return Tracker.create(self.cfg.trainer.logger, run_dir, project=self.cfg.trainer.project_name,
+                              name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg), resume=resume)
+
+    def check_reward_signal(self, batch: Batch) -> None:
+        """The first batch of a fresh run: when every response got the same reward, every advantage
+        is zero (GRPO) or pure noise (PPO): the run would train on nothing. Say so at step 1."""
+        scores = batch["token_level_scores"].sum(-1)
+        if len(scores) < 2 or not bool((scores == scores[0]).all()):
+            return
+        message = (f"every one of the {len(scores)} responses of the first batch got the same reward "
+                   f"({float(scores[0]):g}): nothing to learn from; check the rows' reward_model.ground_truth, "
+                   f"the reward function and data_source (set trainer.stop_on_flat_reward=false to train anyway)")
+        if self.cfg.trainer.stop_on_flat_reward:
+            raise UserError(message)
+        console.print(f"[bold yellow]warning:[/] {message}")
+
     def _loop(self, tracker: Tracker, result: RunResult) -> None:
         trainer = self.cfg.trainer
         if trainer.val_before_train and self.parts.val_data is not None and self.global_step == 0:
             self._validate(tracker, result)
         while self.global_step < self.parts.total_steps:
             metrics = self.train_step(self.parts.loader.next_batch())
+            if self.global_step == 0 and self.last_batch is not None:
+                self.check_reward_signal(self.last_batch)
             self.global_step += 1
             metrics["training/epoch"] = self.parts.loader.epoch
             tracker.log(metrics, self.global_step)

@@ -1,0 +1,126 @@
+"""Data files: they exist, are parquet of the right kind, and hold what the chosen reward needs.
+
+An RL run whose rows lack a ground truth, whose prompts are empty, or that was handed a
+preference file scores every response the same and trains on nothing; these checks say so
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alignctl.errors import UserError
+from alignctl.preflight.context import Context
+
+PREFERENCE_COLUMNS = ("chosen", "rejected")
+
+
+def check_file(name: str, key: str, ctx: Context) -> Path | None:
+    """The path is an existing file (None when an upstream stage will write it)."""
+    if ctx.later(name):
+        return None
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise UserError(f"{key} {name}: file not found")
+    if not path.is_file():
+        raise UserError(f"{key} {name}: is a folder; expected a file")
+    return path
+
+
+def _read_table(path: Path, key: str, columns: list[str] | None = None) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path, columns=columns)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise UserError(f"{key} {path}: not a readable parquet file ({type(exc).__name__})") from None
+
+
+def _columns(path: Path, key: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(path).names)
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"{key} {path}: not a readable parquet file ({type(exc).__name__})") from None
+
+
+def _prompt_text(value: Any) -> str:
+    """The text a prompt cell carries: a string, or the contents of its messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return str(value.get("content") or "")
+    if isinstance(value, list):
+        return "".join(_prompt_text(item) for item in value)
+    return "" if value is None else str(value)
+
+
+def _ground_truth(cell: Any) -> Any:
+    return cell.get("ground_truth") if isinstance(cell, dict) else None
+
+
+def check_rl_prompts(files: list[str], key: str, ctx: Context, *, prompt_key: str, needs_ground_truth: bool,
+                     default_scorer: bool) -> None:
+    """RL prompt parquet (preprocess output): prompts present and non-empty; when the rule scorer
+    is used, every row has a ground truth and a data_source it knows."""
+    for name in files:
+        path = check_file(name, key, ctx)
+        if path is None:
+            continue
+        columns = _columns(path, key)
+        if set(PREFERENCE_COLUMNS) <= set(columns) and "reward_model" not in columns:
+            raise UserError(f"{key} {name}: a preference file (chosen/rejected columns) given as RL prompts; "
+                            f"expected RL prompt rows (prompt, data_source, reward_model) from 'alignctl preprocess'")
+        missing = [c for c in (prompt_key, "data_source") if c not in columns]
+        if missing:
+            raise UserError(f"{key} {name}: missing column(s) {', '.join(missing)}; expected RL prompt rows from "
+                            f"'alignctl preprocess' (found: {', '.join(columns) or 'none'})")
+        wanted = [prompt_key, "data_source"] + (["reward_model"] if "reward_model" in columns else [])
+        rows = _read_table(path, key, wanted).to_pylist()
+        if not rows:
+            raise UserError(f"{key} {name}: no rows; expected RL prompts")
+        _check_rows(rows, name, prompt_key, needs_ground_truth and default_scorer, default_scorer, "reward_model" in columns)
+
+
+def _check_rows(rows: list[dict[str, Any]], name: str, prompt_key: str, needs_ground_truth: bool,
+                default_scorer: bool, has_reward_column: bool) -> None:
+    if needs_ground_truth and not has_reward_column:
+        raise UserError(f"{name}: no 'reward_model' column, so no ground truth: the rule reward would be 0 for "
+                        f"every response; add reward_model.ground_truth, or set custom_reward_function.path or "
+                        f"a reward model")
+    sources: set[str] = set()
+    for i, row in enumerate(rows):
+        if not _prompt_text(row.get(prompt_key)).strip():
+            raise UserError(f"{name} row {i}: empty prompt in column {prompt_key!r}; expected prompt text")
+        if needs_ground_truth:
+            truth = _ground_truth(row.get("reward_model"))
+            if truth is None or not str(truth).strip():
+                raise UserError(f"{name} row {i}: reward_model.ground_truth is missing, so the rule reward is 0 "
+                                f"for every response; expected the reference answer (or set "
+                                f"custom_reward_function.path)")
+        sources.add(str(row.get("data_source")))
+    if default_scorer:
+        from alignctl.rewards.registry import scorer_name
+
+        for source in sorted(sources):
+            try:
+                scorer_name(source)
+            except UserError as exc:
+                raise UserError(f"{name}: {exc}") from None
+
+
+def check_columns(files: list[str], key: str, ctx: Context, needed: list[str], what: str) -> None:
+    """Each parquet file has the ``needed`` top-level columns (``a.b`` needs column ``a``)."""
+    for name in files:
+        path = check_file(name, key, ctx)
+        if path is None:
+            continue
+        columns = _columns(path, key)
+        missing = [c for c in needed if c.split(".", 1)[0] not in columns]
+        if missing:
+            raise UserError(f"{key} {name}: missing column(s) {', '.join(missing)}; expected {what} "
+                            f"(found: {', '.join(columns) or 'none'})")
+        if _read_table(path, key, [columns[0]]).num_rows == 0:
+            raise UserError(f"{key} {name}: no rows; expected {what}")

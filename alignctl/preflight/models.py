@@ -1,0 +1,102 @@
+"""Model and tokenizer folders: they exist, hold a model, and are the kind the role needs.
+
+Read from ``config.json`` only (no weights loaded, no transformers import), so checking every
+model of a run costs milliseconds. A name that looks like a hub id (``org/name``) and is not on
+disk is asked about once, with a short timeout, instead of letting transformers retry a hub for
+a minute before saying a local folder is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from alignctl.errors import UserError
+from alignctl.models.loading import looks_local
+from alignctl.preflight.context import Context
+
+Kind = Literal["causal", "reward", "critic", "tokenizer"]
+_HUB_TIMEOUT_S = 5.0
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def _architectures(folder: Path, key: str) -> list[str]:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{key} {folder}: config.json is not readable JSON ({type(exc).__name__})") from None
+    return list(config.get("architectures") or [])
+
+
+def _check_kind(folder: Path, key: str, kind: Kind) -> None:
+    """The architecture recorded in config.json suits the role."""
+    if kind == "tokenizer":
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            raise UserError(f"{key} {folder}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); expected a "
+                            f"Hugging Face model or tokenizer folder")
+        return
+    if not (folder / "config.json").is_file():
+        if any(folder.glob("*.gguf")):
+            return  # a GGUF file: transformers reads its config from the file itself
+        raise UserError(f"{key} {folder}: no config.json; expected a Hugging Face model folder")
+    archs = _architectures(folder, key)
+    scored = [a for a in archs if a.endswith("ForSequenceClassification")]
+    if kind == "reward" and not scored:
+        found = ", ".join(archs) or "no architecture recorded"
+        raise UserError(f"{key} {folder}: not a reward model ({found}); expected a sequence classifier with a "
+                        f"score head, e.g. a train-rm output (a plain causal LM would score with a random head)")
+    if kind == "causal" and archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+                                              for a in archs):
+        raise UserError(f"{key} {folder}: {', '.join(archs)} is not a causal language model; expected a policy "
+                        f"(an SFT, init-model or RL output)")
+
+
+def _hub_reachable(name: str) -> str | None:
+    """None when ``name`` is a model on the hub (or in its local cache); else why not."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE") in ("1", "true", "True"):
+        return "offline mode is set and it is not in the hub cache"
+    try:
+        HfApi().model_info(name, timeout=_HUB_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - network, 404, auth: each means "cannot use it"
+        return f"the hub answered {type(exc).__name__}"
+    return None
+
+
+def _network_failure(why: str) -> bool:
+    return any(word in why for word in ("Connect", "Timeout", "Network", "offline"))
+
+
+def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal") -> None:
+    """``path`` names a usable folder of ``kind`` (or a reachable hub id); UserError otherwise."""
+    if not path or ctx.later(path):
+        return
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        if looks_local(path):
+            raise UserError(f"{key} {path}: folder does not exist; expected a Hugging Face model folder")
+        why = _hub_reachable(path)
+        if why and ctx.offline_ok and _network_failure(why):
+            from alignctl.console import console
+
+            console.print(f"[yellow]note:[/] {key} {path}: hub model not checked ({why})")
+            return
+        if why:
+            raise UserError(f"{key} {path}: no such local folder, and not usable as a hub model id ({why})")
+        return
+    if not folder.is_dir():
+        raise UserError(f"{key} {path}: is a file; expected a Hugging Face model folder")
+    _check_kind(folder, key, kind)
+
+
+def config_of(path: str) -> dict[str, Any]:
+    """A model folder's config.json as a dict ({} when absent)."""
+    try:
+        return json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}

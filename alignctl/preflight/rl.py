@@ -1,0 +1,86 @@
+"""Preflight of an RL run (ppo / grpo and friends): models, data, reward, run folder, resume.
+
+The run folder is a live folder rather than an artifact renamed into place: a run writes into it
+step by step and a later run resumes from its checkpoints. So an existing alignctl run folder is
+reused without ``--overwrite`` only when there is a checkpoint to continue from; starting over
+on top of an earlier run's metrics needs ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alignctl.config.rl import RLConfig
+from alignctl.errors import UserError
+from alignctl.pipeline.ownership import MARKER, check_output_dir, is_empty_dir, is_owned
+from alignctl.preflight.context import Context
+from alignctl.preflight.data import check_rl_prompts
+from alignctl.preflight.models import check_model
+from alignctl.preflight.stages import check_python_function
+from alignctl.trainers.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints
+
+
+def run_dir_of(cfg: RLConfig) -> Path:
+    trainer = cfg.trainer
+    return Path(trainer.run_dir or Path(trainer.default_local_dir) / trainer.experiment_name)
+
+
+def _check_resume_path(cfg: RLConfig) -> None:
+    mode = cfg.trainer.resume_mode
+    if mode in ("auto", "disable"):
+        return
+    if not (Path(mode) / STATE_FILE).is_file():
+        raise UserError(f"trainer.resume_mode {mode}: not a complete checkpoint (expected a global_step_N folder "
+                        f"holding {STATE_FILE}); use auto, disable or such a path")
+
+
+def check_run_dir(cfg: RLConfig, ctx: Context, inputs: list[str]) -> None:
+    """Refuse a run folder that belongs to the user, or an earlier run that would be overwritten."""
+    run_dir = run_dir_of(cfg)
+    key = "trainer.run_dir" if cfg.trainer.run_dir else "trainer.default_local_dir/experiment_name"
+    if not run_dir.is_dir() or is_empty_dir(run_dir) or not is_owned(run_dir):
+        check_output_dir(run_dir, key=key, overwrite=ctx.overwrite, inputs=inputs)
+        return
+    check_output_dir(run_dir, key=key, overwrite=True, inputs=inputs)  # protected folders, inputs
+    mode = cfg.trainer.resume_mode
+    resumable = mode not in ("auto", "disable") or (mode == "auto" and complete_checkpoints(checkpoint_root(run_dir)))
+    earlier = [p.name for p in run_dir.iterdir() if p.name != MARKER]
+    if not resumable and earlier and not ctx.overwrite:
+        why = "resume_mode=disable" if mode == "disable" else "no checkpoint to resume from"
+        raise UserError(f"{key} {run_dir}: holds an earlier run ({why}); pass --overwrite to start it over "
+                        f"(its metrics are replaced), or choose a new run folder")
+
+
+def _reward_needs(cfg: RLConfig) -> tuple[bool, bool]:
+    """(rule scores are used, the default data_source scorer is used)."""
+    rm = cfg.reward_model
+    rules = not (rm.enable and rm.rule_weight == 0)
+    default = rules and not cfg.custom_reward_function.path
+    return rules, default
+
+
+def check_rl(cfg: RLConfig, ctx: Context) -> None:
+    arr = cfg.actor_rollout_ref
+    check_model(arr.model.path, "actor_rollout_ref.model.path", ctx, "causal")
+    check_model(arr.model.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", ctx, "tokenizer")
+    if cfg.use_critic:
+        check_model(cfg.critic.model.path, "critic.model.path", ctx, "critic")
+    if cfg.reward_model.enable:
+        check_model(cfg.reward_model.model.path, "reward_model.model.path", ctx, "reward")
+    custom = cfg.custom_reward_function
+    check_python_function(custom.path, custom.name, "custom_reward_function.path", ctx)
+    dataset = cfg.data.custom_cls
+    if dataset.path:
+        check_python_function(dataset.path, dataset.name, "data.custom_cls.path", ctx)
+    else:
+        rules, default = _reward_needs(cfg)
+        for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+            # validation scores with the rules only (accuracy), so its rows always need a ground truth
+            needs = rules or key == "data.val_files"
+            check_rl_prompts(files, key, ctx, prompt_key=cfg.data.prompt_key, needs_ground_truth=needs,
+                             default_scorer=default or (key == "data.val_files" and not custom.path))
+    _check_resume_path(cfg)
+    if ctx.outputs:
+        inputs = [p for p in (arr.model.path, cfg.critic.model.path, cfg.reward_model.model.path,
+                              *cfg.data.train_files, *cfg.data.val_files) if p]
+        check_run_dir(cfg, ctx, inputs)
