@@ -14,6 +14,7 @@ from alignctl.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp2", "deepspeed")
 CRITIC_ESTIMATORS = ("gae",)
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
 @dataclass
@@ -328,6 +329,9 @@ class RLConfig:
         if micro is not None and not actor.use_dynamic_bsz and (actor.ppo_mini_batch_size * n // world) % micro:
             raise UserError(f"key 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu' ({micro}) must divide "
                             f"the per-worker mini-batch ({actor.ppo_mini_batch_size * n // world} responses)")
+        unknown = [x for x in self.trainer.logger if x not in LOGGERS]
+        if unknown:
+            raise UserError(f"key 'trainer.logger': unknown logger(s) {unknown}; expected any of {', '.join(LOGGERS)}")
         self._check_critic_batches(world)
         self._check_sampling()
         for key in ("test_freq", "save_freq"):

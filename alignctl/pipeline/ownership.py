@@ -56,12 +56,14 @@ def is_empty_dir(folder: Path) -> bool:
 def _protected(dest: Path, inputs: Iterable[str | os.PathLike[str]]) -> str | None:
     """Why ``dest`` may never be an output folder, or None."""
     cwd = Path.cwd().resolve()
+    if dest == Path(dest.anchor):
+        return "is the filesystem root"
+    if dest == Path.home().resolve():
+        return "is the home folder"
     if dest == cwd:
         return "is the current folder"
     if dest in cwd.parents:
         return "holds the current folder"
-    if dest == Path.home().resolve() or dest == Path(dest.anchor):
-        return "is the home folder" if dest == Path.home().resolve() else "is the filesystem root"
     for item in inputs:
         source = Path(item).expanduser().resolve()
         if dest == source or dest in source.parents:
