@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from alignctl import __version__
-from alignctl.errors import RunFailed, UserError
+from alignctl.errors import RunFailed, UserError, find_os_failure
 
 app = typer.Typer(
     name="alignctl",
@@ -32,6 +32,8 @@ _UsageError = typer.BadParameter.__mro__[1]
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file of config overrides.")]
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(help="Dotted overrides: key.sub=value ...")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an earlier alignctl output at the output "
+                                                                "path (a folder alignctl did not write is never replaced).")]
 
 
 def _version(value: bool) -> None:
@@ -106,6 +108,7 @@ def preprocess(
     map_fn: Annotated[Optional[str], typer.Option(help="custom: path/to/file.py:function.")] = None,
     kind: Annotated[Optional[str], typer.Option(help="custom: rl | preference | sft.")] = None,
     config: ConfigOpt = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Convert a dataset to verl-compatible parquet (prompt / preference / SFT rows)."""
     from alignctl.config import load_config
@@ -117,6 +120,7 @@ def preprocess(
                              "seed": seed, "skip_bad_rows": skip_bad_rows, "max_rows": max_rows,
                              "map_fn": map_fn, "kind": kind}
     cfg = load_config(PreprocessConfig, config, overrides or [], flags=flags)
+    _preflight(cfg, overwrite)
     report = run_preprocess(cfg, progress=_interactive())
     print_preprocess_report(report)
 
@@ -140,10 +144,14 @@ def init_model(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder.")] = False,
 ) -> None:
     """Train a tokenizer on local data and save a randomly initialised tiny model (offline)."""
+    from alignctl.config.init_model import InitModelConfig
     from alignctl.models.tiny import init_model as build
 
     if tokenizer not in ("bpe", "char"):
         raise UserError(f"--tokenizer expected bpe or char, got {tokenizer!r}")
+    _preflight(InitModelConfig(out=out, tokenizer_from=list(tokenizer_from), arch=arch, hidden=hidden, layers=layers,
+                               heads=heads, intermediate=intermediate, vocab_size=vocab_size,
+                               tokenizer_kind=tokenizer, max_position_embeddings=max_positions), overwrite)
     info = build(out=out, tokenizer_from=tokenizer_from, arch=arch, hidden=hidden, layers=layers, heads=heads,
                  intermediate=intermediate, vocab_size=vocab_size, tokenizer_kind=tokenizer,  # type: ignore[arg-type]
                  max_position_embeddings=max_positions, seed=seed, overwrite=overwrite)
@@ -154,48 +162,53 @@ def init_model(
 
 
 @app.command()
-def sft(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+def sft(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
     """Supervised fine-tuning (TRL SFTTrainer, loss on completion tokens) -> HF model folder."""
     from alignctl.config import load_config
     from alignctl.config.sft import SFTConfig
     from alignctl.trainers.sft import print_sft_report, run_sft
 
-    print_sft_report(run_sft(load_config(SFTConfig, config, overrides or []), progress=_interactive()))
+    cfg = load_config(SFTConfig, config, overrides or [])
+    _preflight(cfg, overwrite)
+    print_sft_report(run_sft(cfg, progress=_interactive()))
 
 
 @app.command("train-rm")
-def train_rm(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+def train_rm(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
     """Reward-model training on chosen/rejected pairs (TRL RewardTrainer) -> sequence classifier."""
     from alignctl.config import load_config
     from alignctl.config.reward_model import RewardModelConfig
     from alignctl.trainers.reward_model import print_rm_report, run_train_rm
 
-    print_rm_report(run_train_rm(load_config(RewardModelConfig, config, overrides or []), progress=_interactive()))
+    cfg = load_config(RewardModelConfig, config, overrides or [])
+    _preflight(cfg, overwrite)
+    print_rm_report(run_train_rm(cfg, progress=_interactive()))
 
 
 # ------------------------------------------------------------------------------ RL
 
 
-def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any]) -> None:
+def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], overwrite: bool) -> None:
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
     from alignctl.trainers.rl_trainer import create_trainer
 
     cfg = load_config(RLConfig, config, overrides, base=base)
+    _preflight(cfg, overwrite)
     result = create_trainer(cfg).fit()
     typer.echo(f"policy saved to {result.policy_dir}; metrics in {result.run_dir / 'metrics.jsonl'}")
 
 
 @app.command()
-def ppo(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+def ppo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
     """RL training (PPO with a critic by default; any estimator via algorithm.adv_estimator)."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}})
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}}, overwrite)
 
 
 @app.command()
-def grpo(config: ConfigOpt = None, overrides: OverridesArg = None) -> None:
+def grpo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
     """RL training with GRPO advantages (no critic); same keys as ppo."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}})
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}}, overwrite)
 
 
 # ------------------------------------------------------------------------------ eval
@@ -213,6 +226,7 @@ def eval_(
     run: Annotated[Optional[str], typer.Option(help="RL run folder whose curves go into the report.")] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Report folder.")] = None,
     config: ConfigOpt = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Win rate (with CI, length-controlled), rewards, accuracy and an HTML report."""
     from alignctl.config import load_config
@@ -222,6 +236,7 @@ def eval_(
     flags = {"policy": policy, "reference": reference, "reward_model": reward_model, "prompts": prompts, "n": n,
              "preference_data": preference_data, "run": run, "out": out}
     cfg = load_config(EvalConfig, config, overrides or [], flags=flags)
+    _preflight(cfg, overwrite)
     print_eval_report(run_eval(cfg, progress=_interactive()))
 
 
@@ -263,6 +278,13 @@ def status(
 # ------------------------------------------------------------------------------ entry point
 
 
+def _preflight(cfg: Any, overwrite: bool) -> None:
+    """The one validation pass (files, models, output folder) before anything starts."""
+    from alignctl.preflight import preflight
+
+    preflight(cfg, overwrite=overwrite)
+
+
 def _interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
@@ -295,10 +317,16 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         _fail(str(exc), code=RunFailed.exit_code)
-    except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-        # OS errors that reach here are about a path the user gave; name it, no traceback.
-        if debug:
+    except Exception as exc:
+        # An OS failure (a missing or unwritable path, a full disk), even one wrapped by a library
+        # (torch.save, safetensors, DCP): one line naming the path and the cause, no traceback.
+        # Exit 2 when another path would fix it, 1 for the machine's state (disk full).
+        failure = find_os_failure(exc)
+        if debug or (failure is None and not isinstance(exc, OSError)):
             raise
-        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+        if failure is None:  # an OSError raised with only a message (it names its path itself)
+            _fail(str(exc) or type(exc).__name__)
+        else:
+            _fail(failure.message(), code=failure.exit_code)
     if isinstance(code, int) and code:
         raise SystemExit(code)

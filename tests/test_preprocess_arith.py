@@ -163,7 +163,7 @@ def test_rejected_answers_are_plausible_and_wrong(out: Path) -> None:
 def test_multiplication_and_longer_problems(tmp_path: Path) -> None:
     _run(tmp_path / "m", num_train=200, num_sft=0, num_pref=0, operations=["+", "-", "*"],
          max_steps=3, max_value=9)
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["meta.json", "test.parquet",
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [".alignctl-output", "meta.json", "test.parquet",
                                                                    "train.parquet"]
     seen_ops = set()
     for _, row in pd.read_parquet(tmp_path / "m" / "train.parquet").iterrows():

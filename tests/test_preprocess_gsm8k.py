@@ -37,7 +37,7 @@ def test_full_dataset_counts(full: tuple[PreprocessReport, Path]) -> None:
     assert report.out_dir == out.absolute()
     assert report.files == {"train.parquet": 7473, "test.parquet": 1319}
     assert report.dropped == {} and report.skipped == {} and report.examples == []
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "test.parquet", "train.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [".alignctl-output", "meta.json", "test.parquet", "train.parquet"]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["dataset"] == "gsm8k" and meta["files"] == report.files
     assert meta["config"]["input"].endswith("gsm8k")

@@ -7,7 +7,8 @@ Three kinds of rows, one per training stage that reads them:
   ``reward_model`` = {style: "rule" | "model", ground_truth: str}, ``extra_info``.
 - ``preference``: a prompt and two candidate final replies (reward-model training):
   ``prompt``, ``chosen`` and ``rejected`` (each a one-element list [{role: assistant, content}]),
-  ``data_source``, ``extra_info``.
+  ``data_source``, ``extra_info``. The two replies must differ (after stripping whitespace): an
+  identical pair carries no preference and only dilutes the loss.
 - ``sft``: TRL's conversational prompt-completion format:
   ``prompt``, ``completion`` ([{role: assistant, content}]), ``data_source``, ``extra_info``.
 
@@ -39,14 +40,16 @@ def assistant(content: str) -> Message:
 
 
 class SchemaError(ValueError):
-    """One schema violation: ``field`` is the dotted path of the offending value."""
+    """One schema violation: ``field`` is the dotted path of the offending value; ``reason`` is
+    the key it is counted under when bad rows are skipped."""
 
-    def __init__(self, field: str, expected: str, got: Any) -> None:
+    def __init__(self, field: str, expected: str, got: Any, reason: str = "invalid_row") -> None:
         shown = repr(got)
         if len(shown) > 60:
             shown = shown[:57] + "..."
         super().__init__(f"field {field!r} expected {expected}, got {shown}")
         self.field = field
+        self.reason = reason
 
 
 def _require(row: dict[str, Any], key: str) -> Any:
@@ -103,6 +106,33 @@ def _check_reply(row: dict[str, Any], key: str) -> None:
         raise SchemaError(f"{key}[0].role", "'assistant'", value[0]["role"])
 
 
+def reply_text(value: Any) -> str | None:
+    """The text of a final reply, whitespace stripped: a string, one ``{role, content}`` message,
+    or the last message of a list (the turn being preferred); None for any other shape."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    elif isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":
+        last = value[-1] if len(value) else None
+        value = last.get("content") if isinstance(last, dict) else None
+    return value.strip() if isinstance(value, str) else None
+
+
+def identical_pair(chosen: Any, rejected: Any) -> bool:
+    """True when both replies have the same final text (after stripping whitespace): such a pair
+    has no preference in it, the Bradley-Terry loss is a constant log 2 with zero gradient."""
+    text = reply_text(chosen)
+    return text is not None and text == reply_text(rejected)
+
+
+IDENTICAL_PAIR = "identical_pair"  # the reason identical pairs are counted under
+
+
+def _check_distinct_replies(row: dict[str, Any]) -> None:
+    if identical_pair(row["chosen"], row["rejected"]):
+        raise SchemaError("rejected", "a reply different from 'chosen' (identical after stripping whitespace)",
+                          reply_text(row["rejected"]), reason=IDENTICAL_PAIR)
+
+
 def _check_extra_info(row: dict[str, Any]) -> None:
     info = _require(row, "extra_info")
     if not isinstance(info, dict):
@@ -139,6 +169,7 @@ def check_row(kind: str, row: Any) -> None:
     elif kind == "preference":
         _check_reply(row, "chosen")
         _check_reply(row, "rejected")
+        _check_distinct_replies(row)
     else:
         _check_reply(row, "completion")
     _check_extra_info(row)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from alignctl.errors import UserError
+from alignctl.errors import UserError, writing
 
 BOS, EOS, PAD, UNK = "<|bos|>", "<|end|>", "<|pad|>", "<|unk|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -131,9 +131,8 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     """Byte-level BPE (``tokenizers.Tokenizer``) with the special tokens first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    minimum = 256 + len(SPECIAL_TOKENS)
-    if vocab_size < minimum:
-        raise UserError(f"vocab_size={vocab_size} is too small for byte-level BPE; expected >= {minimum}")
+    if vocab_size < BPE_MIN_VOCAB:
+        raise UserError(f"vocab_size={vocab_size} is too small for byte-level BPE; expected >= {BPE_MIN_VOCAB}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -184,20 +183,78 @@ def wrap_tokenizer(tok: Any) -> Any:
 # Model
 
 
+# How each setting is spelled on the command line (``alignctl init-model``); errors show both the
+# flag and the key (the pipeline stage and the Python API use the key). kv_heads has no flag.
+FLAGS = {"hidden": "--hidden", "layers": "--layers", "heads": "--heads", "kv_heads": None,
+         "intermediate": "--intermediate", "vocab_size": "--vocab-size",
+         "max_position_embeddings": "--max-positions", "arch": "--arch", "tokenizer_kind": "--tokenizer"}
+BPE_MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte, then the special tokens
+
+
+def _named(**values: Any) -> str:
+    """``--hidden (hidden=0)``, or ``--hidden/--heads (hidden=30, heads=4)`` for several."""
+    flags = "/".join(f for f in (FLAGS[k] for k in values) if f)
+    keys = ", ".join(f"{k}={v!r}" for k, v in values.items())
+    return f"{flags} ({keys})" if flags else keys
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UserError(f"init-model: {_named(**{name: value})}: expected a positive integer")
+
+
+def _resolved_shape(hidden: int, heads: int | None, kv_heads: int | None,
+                    intermediate: int | None) -> tuple[int, int, int]:
+    """(heads, kv_heads, intermediate) with defaults filled in, or a UserError naming the flag.
+    Defaults: heads = hidden // 64 (at least 1), kv_heads = heads, intermediate ~8/3 hidden."""
+    _check_positive("hidden", hidden)
+    for name, value in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
+        if value is not None:
+            _check_positive(name, value)
+    default = " (heads defaults to hidden // 64)" if heads is None else ""
+    heads = heads or max(1, hidden // 64)
+    kv_heads = kv_heads or heads
+    if hidden % heads:
+        raise UserError(f"init-model: {_named(hidden=hidden, heads=heads)}: expected hidden to be a "
+                        f"multiple of heads{default}")
+    if (hidden // heads) % 2:  # rotary position embeddings rotate pairs of dimensions
+        raise UserError(f"init-model: {_named(hidden=hidden, heads=heads)}: expected an even head size "
+                        f"hidden / heads (rotary embeddings), got {hidden // heads}")
+    if heads % kv_heads:
+        raise UserError(f"init-model: {_named(heads=heads, kv_heads=kv_heads)}: expected heads to be a "
+                        f"multiple of kv_heads")
+    # ~8/3 * hidden (the SwiGLU ratio), rounded up to a multiple of 16.
+    return heads, kv_heads, intermediate or -(-(8 * hidden // 3) // 16) * 16
+
+
+def check_init_args(arch: str, hidden: int, layers: int, heads: int | None, kv_heads: int | None,
+                    intermediate: int | None, vocab_size: int, tokenizer_kind: str,
+                    max_position_embeddings: int) -> None:
+    """Every size and choice, checked before any file is read or written: a bad value must not
+    cost a tokenizer training run, nor surface as a traceback from inside transformers."""
+    if arch not in ARCHITECTURES:
+        raise UserError(f"init-model: --arch: model arch {arch!r} is not supported; "
+                        f"expected one of {', '.join(sorted(ARCHITECTURES))}")
+    if tokenizer_kind not in ("bpe", "char"):
+        raise UserError(f"init-model: --tokenizer: tokenizer kind {tokenizer_kind!r} is not supported; "
+                        f"expected bpe or char")
+    _check_positive("layers", layers)
+    _check_positive("max_position_embeddings", max_position_embeddings)
+    _resolved_shape(hidden, heads, kv_heads, intermediate)
+    if tokenizer_kind == "bpe":
+        _check_positive("vocab_size", vocab_size)
+        if vocab_size < BPE_MIN_VOCAB:
+            raise UserError(f"init-model: {_named(vocab_size=vocab_size)} is too small for byte-level BPE; "
+                            f"expected >= {BPE_MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
+
+
 def _model_config(
     arch: str, tokenizer: Any, hidden: int, layers: int, heads: int | None, kv_heads: int | None,
     intermediate: int | None, max_position_embeddings: int, tie_word_embeddings: bool,
 ) -> Any:  # fmt: skip
     import transformers
 
-    if arch not in ARCHITECTURES:
-        raise UserError(f"model arch '{arch}' is not supported; expected one of {sorted(ARCHITECTURES)}")
-    heads = heads or max(1, hidden // 64)
-    kv_heads = kv_heads or heads
-    if hidden % heads or heads % kv_heads:
-        raise UserError(f"hidden={hidden}, heads={heads}, kv_heads={kv_heads}: expected hidden % heads == 0 and heads % kv_heads == 0")
-    # ~8/3 * hidden (the SwiGLU ratio), rounded up to a multiple of 16.
-    intermediate = intermediate or -(-(8 * hidden // 3) // 16) * 16
+    heads, kv_heads, intermediate = _resolved_shape(hidden, heads, kv_heads, intermediate)
     config_cls = getattr(transformers, ARCHITECTURES[arch])
     return config_cls(
         vocab_size=len(tokenizer),
@@ -263,6 +320,11 @@ def init_model(
 
     ``vocab_size`` is the BPE target (``char`` takes its size from the data); ``heads`` defaults to
     hidden // 64 (at least 1), ``intermediate`` to ~8/3 * hidden."""
+    check_init_args(arch, hidden, layers, heads, kv_heads, intermediate, vocab_size, tokenizer_kind,
+                    max_position_embeddings)
+    path = Path(out)
+    if path.exists() and not overwrite:  # before the (slow) tokenizer training, not after
+        raise UserError(f"output folder '{path}' already exists; expected a new path (or pass overwrite)")
     import torch
     import transformers
 
@@ -284,10 +346,18 @@ def init_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
     def write(folder: Path) -> None:
-        model.save_pretrained(folder)
+        # transformers' "Writing model shards" bar is noise for a one-file model, and a failed
+        # write would leave it half-drawn above the one-line error.
+        bars_were_on = transformers.logging.is_progress_bar_enabled()
+        transformers.logging.disable_progress_bar()
+        try:
+            model.save_pretrained(folder)
+        finally:
+            if bars_were_on:
+                transformers.logging.enable_progress_bar()
         tokenizer.save_pretrained(folder)
         _portable_tokenizer_class(folder)
 
-    path = Path(out)
-    _write_atomically(path, overwrite, write)
+    with writing(path):  # a full disk or read-only folder: one line naming the folder
+        _write_atomically(path, overwrite, write)
     return TinyModelInfo(path, sum(p.numel() for p in model.parameters()), len(tokenizer), tokenizer_kind)

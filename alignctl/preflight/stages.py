@@ -66,6 +66,10 @@ def check_preprocess(cfg: PreprocessConfig, ctx: Context) -> None:
 
 
 def check_init_model(cfg: InitModelConfig, ctx: Context) -> None:
+    from alignctl.models.tiny import check_init_args
+
+    check_init_args(cfg.arch, cfg.hidden, cfg.layers, cfg.heads, None, cfg.intermediate, cfg.vocab_size,
+                    cfg.tokenizer_kind, cfg.max_position_embeddings)
     for name in cfg.tokenizer_from:
         if not ctx.later(name) and not Path(name).expanduser().exists():
             raise UserError(f"--tokenizer-from: tokenizer data path '{name}' does not exist; expected a "

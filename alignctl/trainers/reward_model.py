@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from alignctl.config.core import iter_keys, load_config, to_dict
 from alignctl.config.reward_model import RewardModelConfig
-from alignctl.errors import UserError
+from alignctl.errors import UserError, writing
 from alignctl.trainers import sft_common as common
 from alignctl.trainers.rm_data import ROW_COLUMN, to_preference
 from alignctl.trainers.rm_metrics import CalibrationBucket, calibration_table, preference_metrics
@@ -213,8 +213,10 @@ def run_train_rm(cfg: RewardModelConfig, *, progress: bool = True) -> RMResult:
         raise UserError("train-rm: key 'data.train_files' is required (one or more preference parquet files)")
     train = common.read_parquet_files(cfg.data.train_files, "data.train_files")
     val = common.read_parquet_files(cfg.data.val_files, "data.val_files") if cfg.data.val_files else None
-    return train_reward_model(cfg, train, val, train_where=", ".join(cfg.data.train_files),
-                              val_where=", ".join(cfg.data.val_files), progress=progress)
+    # A full disk or read-only output_dir: one line naming it (the staging folder is removed).
+    with writing(cfg.output_dir):
+        return train_reward_model(cfg, train, val, train_where=", ".join(cfg.data.train_files),
+                                  val_where=", ".join(cfg.data.val_files), progress=progress)
 
 
 def print_rm_report(result: RMResult) -> None:

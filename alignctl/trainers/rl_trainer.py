@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -242,10 +243,14 @@ class RLTrainer:
         """Every trainable role writes into a partial folder, then the controller state; then commit."""
         partial = start_partial(checkpoint_root(self.parts.run_dir), self.global_step)
         self.saving = True
-        for role in self.trainable_roles:
-            self.workers.broadcast(role, "save_checkpoint", str(partial / role))
+        try:
+            for role in self.trainable_roles:
+                self.workers.broadcast(role, "save_checkpoint", str(partial / role))
+            write_state(partial, self.controller_state())
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # never leave a half checkpoint (e.g. disk full)
+            raise
         self.saving = False
-        write_state(partial, self.controller_state())
         return self.commit_checkpoint(partial)
 
     @property
@@ -263,7 +268,7 @@ class RLTrainer:
         part: step, data position, KL controller, and the metrics logged up to that step."""
         root = checkpoint_root(self.parts.run_dir)
         remove_partials(root)
-        folder = resolve_resume(self.cfg.trainer.resume_mode, root)
+        folder = resolve_resume(self.cfg.trainer.resume_mode, root, trust=self.cfg.trainer.trust_checkpoint)
         if folder is None:
             return None
         state = read_state(folder)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from alignctl.config.preprocess import PreprocessConfig
 from alignctl.data.preprocess.common import Context, PreprocessReport
-from alignctl.errors import UserError
+from alignctl.errors import UserError, writing
 from alignctl.pipeline.atomic import atomic_output_dir
 
 PREPROCESSORS: dict[str, str] = {
@@ -47,7 +47,8 @@ def run_preprocess(cfg: PreprocessConfig, *, progress: bool = True) -> Preproces
     cfg.validate()
     _check_unused_keys(cfg)
     build = get_preprocessor(cfg.dataset)
-    with atomic_output_dir(cfg.out) as tmp:
+    # A full disk or read-only --out: one line naming the output (the temporary folder is removed).
+    with writing(cfg.out), atomic_output_dir(cfg.out) as tmp:
         ctx = Context(cfg, tmp, progress=progress)
         build(ctx)
         ctx.write_meta()

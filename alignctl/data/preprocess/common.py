@@ -68,6 +68,18 @@ class Context:
         """Count a source row left out by design (never silently)."""
         self.dropped[reason] += 1
 
+    def blank(self, record: Record, names: Iterable[str]) -> bool:
+        """Report the first of ``names`` that is an empty or whitespace-only string as a bad row
+        (counted as ``empty_field:NAME``); True when there was one. A blank question would still
+        make a non-empty prompt once the instruction is appended, so the schema cannot catch it."""
+        for name in names:
+            value = record.data.get(name)
+            if isinstance(value, str) and not value.strip():
+                self.bad.bad(record.where, f"empty_field:{name}",
+                             f"field {name!r} expected a non-empty string, got {value!r}")
+                return True
+        return False
+
     def emit(self, kind: str, where: str, row: dict[str, Any], pool: list[Record], split: str) -> None:
         """Validate ``row`` and append it to ``pool``; ``extra_info.split``/``index`` are set here
         (and renumbered on write) so every file numbers its rows 0..n-1."""
@@ -80,7 +92,7 @@ class Context:
         try:
             check_row(kind, row)
         except SchemaError as exc:
-            self.bad.bad(where, "invalid_row", f"invalid {kind} row: {exc}")
+            self.bad.bad(where, exc.reason, f"invalid {kind} row: {exc}")
             return
         pool.append(Record(where, row))
 

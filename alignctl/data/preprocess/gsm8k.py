@@ -1,7 +1,8 @@
 """GSM8K -> RL prompt rows, following verl's ``examples/data_preprocess/gsm8k.py``.
 
 Prompt = question + " " + the instruction below; ground truth = the text after ``#### `` in the
-reference answer with thousands separators removed (``1,000`` -> ``1000``).
+reference answer with thousands separators removed (``1,000`` -> ``1000``). An empty or
+whitespace-only question or answer is a bad row.
 Source: a local folder with ``train.jsonl`` / ``test.jsonl`` (or one file, a single split), or,
 online, a ``datasets`` hub name (default ``openai/gsm8k``, config ``main``).
 """
@@ -100,6 +101,8 @@ def build(ctx: Context) -> None:
     for split, records in _sources(ctx).items():
         pool = pools.setdefault(split, [])
         for record in ctx.track(records, f"gsm8k {split}"):
+            if ctx.blank(record, FIELDS):
+                continue
             question, answer = record.data["question"], record.data["answer"]
             truth = extract_answer(answer)
             if truth is None:

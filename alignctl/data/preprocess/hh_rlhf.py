@@ -8,7 +8,9 @@ Pairs that do not fit that shape are dropped and counted by reason, never silent
 - ``no_assistant_turn``: a transcript has no ``\\n\\nAssistant:`` at all;
 - ``ends_with_human_turn``: a transcript ends in a human turn, so there is no final reply;
 - ``prefix_mismatch``: the dialogues before the final replies differ;
-- ``empty_reply`` / ``identical_replies``: nothing to prefer;
+- ``empty_reply`` / ``identical_replies``: nothing to prefer (identical replies only while they
+  are at most 5% of a file; above that the file is broken and they are bad rows, see
+  :func:`_check_identical_share`);
 - ``text_before_first_turn`` / ``empty_turn`` / ``prompt_not_ending_in_user``: the shared
   dialogue does not parse into turns that end with the user speaking.
 
@@ -24,13 +26,15 @@ from typing import Any
 
 from alignctl.data.preprocess.common import Context
 from alignctl.data.readers import Record, read_records, split_files
-from alignctl.data.schema import Message, assistant
+from alignctl.data.schema import IDENTICAL_PAIR, Message, assistant
 
 DATA_SOURCE = "Anthropic/hh-rlhf"
 HUMAN = "\n\nHuman:"
 ASSISTANT = "\n\nAssistant:"
 FIELDS = {"chosen": str, "rejected": str}
 _TURN = re.compile(r"\n\n(Human|Assistant):")
+# Identical pairs tolerated (dropped and counted) per file; more means the input is broken.
+MAX_IDENTICAL_SHARE = 0.05
 
 
 class Unsplittable(ValueError):
@@ -95,17 +99,45 @@ def make_row(prompt: list[Message], chosen: str, rejected: str) -> dict[str, Any
     }
 
 
+def _check_identical_share(ctx: Context, path: str, identical: list[str], total: int) -> None:
+    """Identical pairs are a known quirk of the public HH files, so a small minority is dropped
+    and counted (``identical_replies``) without failing the run. Above
+    :data:`MAX_IDENTICAL_SHARE` of a file they are not a quirk but a broken input (the same
+    column twice, a bad export): each one is then a bad row, an error naming the first unless
+    ``--skip-bad-rows``."""
+    if len(identical) <= MAX_IDENTICAL_SHARE * total:
+        for _ in identical:
+            ctx.drop("identical_replies")
+        return
+    share = f"{len(identical)} of {total} pairs in {path}"
+    for where in identical:
+        ctx.bad.bad(where, IDENTICAL_PAIR,
+                    f"chosen and rejected have the same final reply ({share}, more than the "
+                    f"{MAX_IDENTICAL_SHARE:.0%} tolerated); expected two different replies "
+                    f"(--skip-bad-rows skips such pairs)")
+
+
+def _read_split(ctx: Context, path: str, split: str, pool: list[Record]) -> None:
+    identical: list[str] = []
+    total = 0
+    for record in ctx.track(read_records(path, ctx.bad, FIELDS), f"hh-rlhf {split}"):
+        total += 1
+        try:
+            prompt, chosen, rejected = split_pair(record.data["chosen"], record.data["rejected"])
+        except Unsplittable as exc:
+            if exc.reason == "identical_replies":
+                identical.append(record.where)  # dropped or refused once the file's share is known
+            else:
+                ctx.drop(exc.reason)
+            continue
+        ctx.emit("preference", record.where, make_row(prompt, chosen, rejected), pool, split)
+    _check_identical_share(ctx, path, identical, total)
+
+
 def build(ctx: Context) -> None:
     assert ctx.cfg.input is not None  # PreprocessConfig.validate requires it for hh-rlhf
     pools: dict[str, list[Record]] = {}
     for split, path in split_files(ctx.cfg.input).items():
-        pool = pools.setdefault(split, [])
-        for record in ctx.track(read_records(path, ctx.bad, FIELDS), f"hh-rlhf {split}"):
-            try:
-                prompt, chosen, rejected = split_pair(record.data["chosen"], record.data["rejected"])
-            except Unsplittable as exc:
-                ctx.drop(exc.reason)
-                continue
-            ctx.emit("preference", record.where, make_row(prompt, chosen, rejected), pool, split)
+        _read_split(ctx, str(path), split, pools.setdefault(split, []))
     for split, rows in ctx.split_pools(pools).items():
         ctx.write(f"{split}.parquet", "preference", split, rows)

@@ -3,7 +3,8 @@
 Each input row has ``problem`` and ``solution`` (optionally ``level`` and ``type``); the ground
 truth is the content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in the solution, found by
 real brace matching so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}`` and ``\\boxed{\\{1,2\\}}``
-gives ``\\{1,2\\}``. Prompt and data_source follow verl's ``math_dataset.py``.
+gives ``\\{1,2\\}``. Prompt and data_source follow verl's ``math_dataset.py``. An empty or
+whitespace-only problem or solution is a bad row (the instruction alone is not a problem).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def build(ctx: Context) -> None:
     for split, path in split_files(ctx.cfg.input).items():
         pool = pools.setdefault(split, [])
         for record in ctx.track(read_records(path, ctx.bad, FIELDS, OPTIONAL), f"math {split}"):
+            if ctx.blank(record, FIELDS):
+                continue
             solution = record.data["solution"]
             try:
                 truth = last_boxed(solution)
