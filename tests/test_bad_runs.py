@@ -36,7 +36,7 @@ class Case:
 
 
 def _rl(*extra: str, cmd: str = "grpo", run: str = "$W/new_run") -> tuple[str, ...]:
-    base = (cmd, f"data.train_files=[$A/arith/train.parquet]", "actor_rollout_ref.model.path=$A/model",
+    base = (cmd, "data.train_files=[$A/arith/train.parquet]", "actor_rollout_ref.model.path=$A/model",
             f"trainer.run_dir={run}", "custom_reward_function.path=$A/digit_reward.py", "data.train_batch_size=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
             "data.max_response_length=16", "trainer.total_training_steps=2", "trainer.n_gpus_per_node=1",

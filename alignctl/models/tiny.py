@@ -18,8 +18,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,22 +279,14 @@ def _portable_tokenizer_class(folder: Path) -> None:
 
 
 def _write_atomically(out: Path, overwrite: bool, write: Any) -> None:
-    """``write(tmp_dir)`` then rename into place, so ``out`` is either absent or complete."""
-    if out.exists() and not overwrite:
+    """``write(tmp_dir)`` then rename into place, so ``out`` is either absent or complete; never
+    replaces a folder alignctl did not write (see alignctl.pipeline.ownership)."""
+    from alignctl.pipeline.atomic import atomic_output_dir
+
+    if out.exists() and not overwrite and not (out.is_dir() and not any(out.iterdir())):
         raise UserError(f"output folder '{out}' already exists; expected a new path (or pass overwrite)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_output_dir(out, kind="model") as tmp:
         write(tmp)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def init_model(

@@ -10,12 +10,11 @@ from alignctl.config.eval import EvalConfig
 from alignctl.config.init_model import InitModelConfig
 from alignctl.config.preprocess import PreprocessConfig
 from alignctl.config.reward_model import RewardModelConfig
-from alignctl.config.rl import RLConfig
 from alignctl.config.sft import SFTConfig
 from alignctl.errors import UserError
-from alignctl.pipeline.ownership import check_output_dir, is_owned
+from alignctl.pipeline.ownership import check_output_dir
 from alignctl.preflight.context import Context
-from alignctl.preflight.data import PREFERENCE_COLUMNS, check_columns, check_file, check_rl_prompts
+from alignctl.preflight.data import PREFERENCE_COLUMNS, check_columns, check_file
 from alignctl.preflight.models import check_model
 
 
