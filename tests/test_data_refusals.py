@@ -448,10 +448,6 @@ def test_os_failures_are_found_behind_library_wrappers() -> None:
 # ------------------------------------------------------------------------------ RL checkpoint
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs two lines outside this change's files: workers/checkpoint.py::save_training_state must "
-    "re-raise errors.portable_os_error(exc, path) (DCP drops the errno when it pickles a rank's "
-    "failure) and trainers/rl_trainer.py::save_checkpoint must remove its .partial-* folder on error"))
 def test_a_full_disk_during_an_rl_checkpoint_is_one_line(tmp_path: Path) -> None:
     from rl_helpers import make_assets
 

@@ -4,12 +4,17 @@
         global_step_4/                 complete: renamed into place after every writer finished
             actor/                     worker state (alignctl.workers.checkpoint): weights, optimizer,
             critic/                      LR schedule, each rank's random state
-            trainer_state.json         global step, data position, KL controller (written last)
+            trainer_state.json         global step, data position, KL controller
+            checkpoint_manifest.json   every file's size and sha256, HMAC-signed (written last)
         .partial-global_step_6/        an interrupted write: never read, removed at the next start
         latest_checkpointed_iteration.txt   the newest committed step (verl's file name), for people
 
 A checkpoint is complete exactly when its ``global_step_N`` folder exists: the rename is the commit,
 so a run killed at any moment leaves either the previous checkpoint or the new one, never half of one.
+
+Worker state holds pickles, so a resume first checks the signed manifest
+(:mod:`alignctl.trainers.checkpoint_trust`): a checkpoint this installation did not write, or one
+changed since, is refused unless ``trainer.trust_checkpoint``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from alignctl.console import console
 from alignctl.errors import UserError
+from alignctl.trainers.checkpoint_trust import check_trusted, write_manifest
 
 STEP_PREFIX = "global_step_"
 PARTIAL_PREFIX = ".partial-"
@@ -79,6 +86,7 @@ def read_state(folder: Path) -> dict[str, Any]:
 
 def commit(partial: Path, root: Path, step: int, keep: int | None) -> Path:
     """Rename ``partial`` into place as step ``step`` (the atomic commit), then prune old ones."""
+    write_manifest(partial)  # inside the partial folder: the rename commits files and manifest together
     final = root / f"{STEP_PREFIX}{step}"
     if final.exists():  # the same step saved by an earlier run that started over (resume_mode=disable)
         shutil.rmtree(final)
@@ -92,17 +100,25 @@ def commit(partial: Path, root: Path, step: int, keep: int | None) -> Path:
     return final
 
 
-def resolve_resume(mode: str, root: Path) -> Path | None:
-    """The checkpoint folder a run continues from: ``trainer.resume_mode`` auto / disable / a path."""
+def resolve_resume(mode: str, root: Path, *, trust: bool = False) -> Path | None:
+    """The checkpoint folder a run continues from: ``trainer.resume_mode`` auto / disable / a path.
+    It must verify against its signed manifest unless ``trust`` (``trainer.trust_checkpoint``):
+    nothing from it is read before that."""
     if mode == "disable":
         return None
     if mode == "auto":
         found = complete_checkpoints(root)
-        return found[-1][1] if found else None
-    path = Path(mode)
-    if not (path / STATE_FILE).is_file():
-        raise UserError(f"trainer.resume_mode: {path} is not a complete checkpoint (expected a "
-                        f"{STEP_PREFIX}N folder holding {STATE_FILE}); use auto, disable or such a path")
+        path = found[-1][1] if found else None
+    else:
+        path = Path(mode)
+        if not (path / STATE_FILE).is_file():
+            raise UserError(f"trainer.resume_mode: {path} is not a complete checkpoint (expected a "
+                            f"{STEP_PREFIX}N folder holding {STATE_FILE}); use auto, disable or such a path")
+    if path is not None:
+        unverified = check_trusted(path, trust)
+        if unverified is not None:
+            console.print(f"note: resuming from {path} unverified ({unverified}): trainer.trust_checkpoint=true",
+                          style="yellow", markup=False, soft_wrap=True)
     return path
 
 
@@ -121,6 +137,8 @@ def read_metric_rows(path: Path) -> list[dict[str, Any]]:
 
 def truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
     """Keep the rows logged up to ``step`` (a resumed run logs the later steps again); atomic."""
+    if not path.exists():  # resuming into a new run folder (not created yet): nothing to keep
+        return []
     rows = [row for row in read_metric_rows(path) if int(row.get("step", 0)) <= step]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")

@@ -71,10 +71,20 @@ def load_rng(folder: Path, rank: int, generators: dict[str, torch.Generator]) ->
 
 def save_training_state(engine: Any, folder: str, rank: int, generators: dict[str, torch.Generator]) -> None:
     """One role's whole training state (every rank calls it with the same ``folder``)."""
+    from alignctl.errors import portable_os_error
+
     path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
-    engine.save_state(path, is_writer=rank == 0)
-    save_rng(path, rank, generators)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        engine.save_state(path, is_writer=rank == 0)
+        save_rng(path, rank, generators)
+    except BaseException as exc:
+        # DCP wraps a rank's OSError (disk full) in its own exception and Ray drops the context:
+        # re-raise the plain OS error so the controller can say "disk full" and name the path.
+        plain = portable_os_error(exc, path)
+        if plain is None:
+            raise
+        raise plain from None
 
 
 def load_training_state(engine: Any, folder: str, rank: int, generators: dict[str, torch.Generator]) -> None:

@@ -13,10 +13,18 @@ engine. The controller talks to a group through three dispatch modes:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
+import ipaddress
 import os
+import shutil
 import socket
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -48,10 +56,29 @@ class DistContext:
 WORKER_ENV = {"DS_ACCELERATOR_LOG_LEVEL": "error", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+LOOPBACK = "127.0.0.1"
+# Rendezvous timeout, as torch's default for a tcp:// init_method (slow model loads on busy hosts).
+STORE_TIMEOUT = timedelta(minutes=30)
+
+
+def _listening_socket(ip: str) -> socket.socket:
+    """A socket listening on ``ip`` only (never 0.0.0.0), on a port the kernel picks."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((ip, 0))
+    sock.listen(128)
+    return sock
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return ip == "localhost"
+
+
+def _loopback_interface() -> str:
+    return "lo0" if sys.platform == "darwin" else "lo"
 
 
 class _Worker:
@@ -60,10 +87,17 @@ class _Worker:
     def __init__(self, rank: int, world_size: int, device: str, threads: int) -> None:
         self.rank, self.world_size, self.device, self.threads = rank, world_size, device, threads
         self.roles: dict[str, Any] = {}
+        self._store_socket: socket.socket | None = None  # rank 0's rendezvous listener, see address()
         _quiet_libraries()
 
     def address(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), _free_port()
+        """Rank 0's rendezvous address: a socket listening on this node's Ray IP (127.0.0.1 for a
+        local run, the node's own IP on a cluster), held open until ``init_distributed`` hands it to
+        the TCP store: torch's own store would listen on every interface, and a port picked then
+        closed could be taken by another process in between."""
+        ip = ray.util.get_node_ip_address()
+        self._store_socket = _listening_socket(ip)
+        return ip, int(self._store_socket.getsockname()[1])
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
@@ -79,9 +113,30 @@ class _Worker:
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this bundle's GPU
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
+        if _is_loopback(master_addr):
+            # Every rank is on this machine: gloo's pair sockets and NCCL's bootstrap listen on the
+            # interface the host name resolves to (often the LAN), so pin them to loopback; a
+            # value the user set is kept.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", _loopback_interface())
+        dist.init_process_group(backend, store=self._store(master_addr, master_port),
                                 rank=self.rank, world_size=self.world_size)
         self.ctx = DistContext(self.rank, self.world_size, self.device, backend)
+
+    def _store(self, master_addr: str, master_port: int) -> Any:
+        """The rendezvous store; rank 0 serves it on the socket ``address`` bound (its fd goes to
+        the store, which owns it from then on)."""
+        import torch.distributed as dist
+
+        if self.rank != 0:
+            return dist.TCPStore(master_addr, master_port, self.world_size, is_master=False, timeout=STORE_TIMEOUT)
+        sock = self._store_socket
+        if sock is None:  # ``address`` was not asked: serve on the address given, not on every interface
+            sock = socket.create_server((master_addr, master_port),
+                                        family=socket.AF_INET6 if ":" in master_addr else socket.AF_INET)
+        self._store_socket = None
+        return dist.TCPStore(master_addr, master_port, self.world_size, is_master=True,
+                             master_listen_fd=sock.detach(), timeout=STORE_TIMEOUT)
 
     def add_role(self, spec: RoleSpec) -> None:
         module, name = spec.factory.split(":")
@@ -206,6 +261,13 @@ def _get(refs: Any, role: str, method: str) -> Any:
         if isinstance(refs, list):
             _raise_if_a_peer_died(refs, role, method)
         cause = exc.cause if exc.cause is not None else exc
+        # A full disk or unwritable folder (e.g. while saving a checkpoint) is named in plain
+        # words with its path, not as the library's wrapper (DCP's CheckpointException, ...).
+        from alignctl.errors import find_os_failure
+
+        failure = find_os_failure(cause)
+        if failure is not None:
+            raise WorkerFailed(f"'{role}' worker failed in {method}: {failure.message()}") from exc
         raise WorkerFailed(f"'{role}' worker failed in {method}: {type(cause).__name__}: "
                            f"{str(cause).splitlines()[0] if str(cause) else ''}") from exc
 
@@ -227,12 +289,98 @@ def _raise_if_a_peer_died(refs: list[Any], role: str, method: str) -> None:
             continue
 
 
+# Session folders (<ray temp dir>/session_*) of the local clusters this process started; removed
+# when Ray is shut down here or at exit, so /tmp/ray does not fill up with one folder per run.
+_LOCAL_SESSIONS: list[Path] = []
+_CLEANUP_AT_EXIT: list[bool] = []  # non-empty once shutdown_ray is registered with atexit
+
+
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
-    """Connect to a cluster (``address``) or start a small local one, quietly."""
+    """Connect to a cluster (``address``) or start a small local one, quietly.
+
+    A local cluster listens on 127.0.0.1 only: node IP 127.0.0.1 (so Ray's gRPC servers, agents
+    and workers bind loopback), no dashboard, no metrics exporter. See docs/security.md."""
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
-             object_store_memory=512 * 1024 * 1024, configure_logging=True, logging_level="ERROR")
+    with _node_ip_stays_loopback():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
+                 object_store_memory=512 * 1024 * 1024, configure_logging=True, logging_level="ERROR",
+                 _node_ip_address=LOOPBACK,
+                 # the agent's Prometheus exporter: an unauthenticated HTTP port nobody reads here
+                 _system_config={"enable_metrics_collection": False})
+    _remember_session()
+
+
+@contextlib.contextmanager
+def _node_ip_stays_loopback() -> Iterator[None]:
+    """On Linux, Ray 2.60 turns ``_node_ip_address="127.0.0.1"`` into the machine's outward IP
+    (``services.resolve_ip_for_localhost``) unless its "no clusters on this OS" flag is off; with
+    that IP every Ray server listens on all interfaces. The flag is read at call time, so clear it
+    for this ``ray.init`` only (the started processes get the IP on their command lines)."""
+    from ray._private import ray_constants
+
+    previous = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if previous is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = previous
+
+
+# Written into the session folders alignctl starts: holds the driver's pid, so a later run can tell
+# a folder left by a killed alignctl run (pid gone) from any other Ray user's.
+SESSION_MARKER = "alignctl-driver.pid"
+
+
+def _remember_session() -> None:
+    context = ray.get_runtime_context()
+    if not _CLEANUP_AT_EXIT:
+        # Registered after Ray's own atexit hook (at ``import ray``), so it runs first (LIFO): Ray
+        # stops, then its folder goes. A SIGKILLed run cannot clean up: the next local start does.
+        atexit.register(shutdown_ray)
+        _CLEANUP_AT_EXIT.append(True)
+    session = Path(context.get_temp_dir()) / context.get_session_name()
+    _remove_stale_sessions(session.parent)
+    with contextlib.suppress(OSError):
+        (session / SESSION_MARKER).write_text(str(os.getpid()), encoding="utf-8")
+    _LOCAL_SESSIONS.append(session)
+
+
+def _remove_stale_sessions(temp_dir: Path) -> None:
+    """Session folders of earlier alignctl runs that were killed (marker present, driver gone)."""
+    for marker in temp_dir.glob(f"session_*/{SESSION_MARKER}"):
+        with contextlib.suppress(OSError, ValueError):
+            if not _alive(int(marker.read_text(encoding="utf-8"))):
+                shutil.rmtree(marker.parent, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def local_session_dirs() -> list[Path]:
+    """Session folders of the local Ray clusters this process started and has not removed yet."""
+    return list(_LOCAL_SESSIONS)
+
+
+def shutdown_ray() -> None:
+    """Stop Ray and remove the session folders of the local clusters this process started (only
+    those: other runs on this machine may be using theirs). A cluster given by address keeps its own."""
+    ray.shutdown()
+    while _LOCAL_SESSIONS:
+        folder = _LOCAL_SESSIONS.pop()
+        shutil.rmtree(folder, ignore_errors=True)
+        latest = folder.parent / "session_latest"
+        with contextlib.suppress(OSError):
+            if latest.is_symlink() and Path(os.readlink(latest)) == folder:
+                latest.unlink()
