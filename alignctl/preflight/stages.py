@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from alignctl.config.eval import EvalConfig
+from alignctl.config.import_model import ImportModelConfig
 from alignctl.config.init_model import InitModelConfig
 from alignctl.config.preprocess import PreprocessConfig
 from alignctl.config.reward_model import RewardModelConfig
@@ -74,6 +75,18 @@ def check_init_model(cfg: InitModelConfig, ctx: Context) -> None:
             raise UserError(f"--tokenizer-from: tokenizer data path '{name}' does not exist; expected a "
                             f"parquet/jsonl file or folder")
     _output(cfg.out, "--out", ctx, list(cfg.tokenizer_from))
+
+
+def check_import_model(cfg: ImportModelConfig, ctx: Context) -> None:
+    from alignctl.models.gguf_import import inspect_gguf, resolve_source
+
+    if cfg.gguf is not None and ctx.later(cfg.gguf):
+        _output(cfg.out, "--out", ctx, [cfg.gguf])
+        return
+    # The header only (architecture, tensor types): the file itself is read when the stage runs.
+    path, key = resolve_source(cfg.gguf, cfg.from_package)
+    inspect_gguf(path, key)
+    _output(cfg.out, "--out", ctx, [path])
 
 
 def check_sft(cfg: SFTConfig, ctx: Context) -> None:
