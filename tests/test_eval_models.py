@@ -269,7 +269,7 @@ def report(assets: dict[str, Path]) -> Report:
 def test_run_eval_writes_a_complete_report(report: Report) -> None:
     res, out = report.results, report.out
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["manifest.json", "plots/reward_histogram.png", "plots/reward_vs_length.png",
+    assert files == [".alignctl-output", "manifest.json", "plots/reward_histogram.png", "plots/reward_vs_length.png",
                      "plots/training_curves.png", "report.html", "report.md", "results.json"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "eval" and manifest["metrics"]["win_rate"] == 1.0
