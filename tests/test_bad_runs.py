@@ -94,6 +94,15 @@ RL_CASES = [
     Case("save_freq_zero", _rl("trainer.save_freq=0"), ("trainer.save_freq", "-1 (off)")),
     Case("unknown_logger", _rl("trainer.logger=[nope]"), ("trainer.logger", "nope")),
     Case("nan_learning_rate", _rl("actor_rollout_ref.actor.optim.lr=.nan"), ("actor_rollout_ref.actor.optim.lr",)),
+    # found by an independent replay: non-finite numbers, "~", empty paths, string prompts
+    Case("infinite_learning_rate", _rl("actor_rollout_ref.actor.optim.lr=inf"), ("optim.lr", "finite number")),
+    Case("infinite_temperature", _rl("actor_rollout_ref.rollout.temperature=.inf"), ("rollout.temperature", "finite")),
+    Case("run_dir_tilde_is_home", _rl("--overwrite", run="~"), ("trainer.run_dir", "is the home folder")),
+    Case("model_path_empty", _rl("actor_rollout_ref.model.path="), ("actor_rollout_ref.model.path", "required")),
+    Case("train_rows_with_string_prompts", _rl("data.train_files=[$A/string_prompt.parquet]"),
+         ("string_prompt.parquet row 0", "holds str", "expected chat messages")),
+    Case("policy_without_tokenizer", _rl("actor_rollout_ref.model.path=$A/lm_no_tokenizer"),
+         ("actor_rollout_ref.model.path", "no tokenizer files")),
     Case("wrong_type", _rl("data.train_batch_size=abc"), ("data.train_batch_size", "expected int", "abc")),
     Case("unknown_key", _rl("actor_rollout_ref.rollout.temprature=1.0"), ("unknown config key", "temperature")),
     # models: exist, are folders, are the right kind; local-looking paths never go to a hub
@@ -184,6 +193,17 @@ OUTPUT_CASES = [
     Case("pipeline_workdir_is_users_folder", ("run", "$A/pipe.yaml", "workdir=$W/mine"),
          ("workdir", "not created by alignctl")),
     Case("pipeline_duplicate_stage_names", ("run", "$A/dup_stages.yaml", "workdir=$W/wd"), ("duplicate key 'data'",)),
+    Case("eval_prompts_are_preference_pairs", ("eval", "--policy", "$A/model", "--prompts", "$A/arith/pref_test.parquet",
+                                               "--out", "$W/ev"), ("prompts", "a preference file")),
+    Case("eval_reward_model_without_tokenizer", ("eval", "--policy", "$A/model", "--reward-model", "$A/rm_head",
+                                                 "--prompts", "$A/arith/test.parquet", "--out", "$W/ev"),
+         ("reward_model", "no tokenizer files")),
+    Case("init_model_corrupt_tokenizer_data", ("init-model", "--out", "$W/m", "--tokenizer-from", "$A/digit_reward.py.parquet"),
+         ("digit_reward.py.parquet", "not a readable parquet file")),
+    Case("init_model_binary_jsonl", ("init-model", "--out", "$W/m", "--tokenizer-from", "$A/binary.jsonl"),
+         ("binary.jsonl:1", "not readable as UTF-8")),
+    Case("pipeline_workdir_holds_an_input", ("run", "$A/pipe.yaml", "workdir=$A"), ("workdir", "holds the input")),
+    Case("pipeline_workdir_tilde", ("run", "$A/pipe.yaml", "workdir=~"), ("workdir", "is the home folder")),
     Case("config_duplicate_key", ("sft", "--config", "$A/dup_keys.yaml"), ("dup_keys.yaml", "line 3", "duplicate key 'lr'")),
     Case("pipeline_bad_stage_value", ("run", "$A/pipe.yaml", "workdir=$W/wd", "rl.actor_rollout_ref.rollout.top_p=2"),
          ("stage 'rl'", "top_p")),
@@ -205,6 +225,11 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows.assign(data_source="quiz").to_parquet(root / "unknown_source.parquet")
     rows.iloc[:0].to_parquet(root / "no_rows.parquet")
     (root / "broken.py").write_text("def compute_score(:\n")
+    rows.assign(prompt=[m[0]["content"] for m in rows["prompt"]]).to_parquet(root / "string_prompt.parquet")
+    (root / "digit_reward.py.parquet").write_text("garbage, not parquet\n")
+    (root / "binary.jsonl").write_bytes(b"\x89binary\x00\xff\n")
+    (root / "lm_no_tokenizer").mkdir()
+    (root / "lm_no_tokenizer" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (root / "rm_head").mkdir()
     (root / "rm_head" / "config.json").write_text(json.dumps({"architectures": ["LlamaForSequenceClassification"]}))
     (root / "dup_keys.yaml").write_text("optim:\n  lr: 1e-3\n  lr: 2e-3\n")
@@ -301,3 +326,17 @@ def test_an_empty_existing_folder_may_be_an_output(tmp_path: Path, monkeypatch: 
     assert result.code == 0, result.stderr
     assert (tmp_path / "empty" / "train.parquet").is_file()
     assert os.listdir(tmp_path) == ["empty"]
+
+
+def test_overwrite_through_a_symlink_keeps_the_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--overwrite on a link to an alignctl output replaces the folder it points at, keeps the
+    user's link, and leaves no hidden .old-/.tmp- entry beside the link."""
+    monkeypatch.chdir(tmp_path)
+    small = ["arith.num_train=8", "arith.num_test=4", "arith.num_sft=4", "arith.num_pref=4"]
+    assert run_cli("preprocess", "arith", "--out", "real", *small).code == 0
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    result = run_cli("preprocess", "arith", "--out", "link", "--overwrite", "--seed", "3", *small)
+    assert result.code == 0, result.stderr
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "link").resolve() == tmp_path / "real"
+    assert (tmp_path / "real" / "train.parquet").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]

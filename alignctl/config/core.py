@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -102,7 +103,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise UserError(f"command-line override {text!r}: expected KEY=VALUE with a dotted key, e.g. trainer.total_epochs=2")
     try:
-        value = load_yaml(raw) if raw.strip() else ""
+        # A bare "~" is YAML's null, but on a command line it means the home folder.
+        value = raw.strip() if raw.strip() == "~" else (load_yaml(raw) if raw.strip() else "")
     except yaml.YAMLError:
         value = raw  # an unparsable scalar is taken as a plain string; type checking follows
     return key.split("."), value
@@ -201,14 +203,12 @@ def _coerce(value: Any, tp: Any, key: str, origin: _Origin) -> Any:
             return int(value)
         raise bad
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
+        number = _as_float(value)
+        if number is None:
+            raise bad
+        if not math.isfinite(number):  # nan / inf would train silently on garbage (lr=inf, temperature=nan)
+            raise UserError(f"{origin.of(key)}: key {key!r} expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -218,6 +218,17 @@ def _coerce(value: Any, tp: Any, key: str, origin: _Origin) -> Any:
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key, origin)
     raise bad
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _suggest(name: str, valid: list[str]) -> str:

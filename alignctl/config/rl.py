@@ -307,7 +307,7 @@ class RLConfig:
         n = self.actor_rollout_ref.rollout.n
         if self.reward_model.enable and not self.reward_model.model.path:
             raise UserError("reward_model.enable is true: key 'reward_model.model.path' is required (a train-rm output)")
-        if self.actor_rollout_ref.model.path is None:
+        if not (self.actor_rollout_ref.model.path or "").strip():
             raise UserError("key 'actor_rollout_ref.model.path' is required (an HF model folder)")
         if not self.data.train_files:
             raise UserError("key 'data.train_files' is required (RL prompt parquet files)")

@@ -209,8 +209,10 @@ def write_outputs(results: EvalResults, out: str | os.PathLike[str]) -> None:
     from alignctl.pipeline.atomic import atomic_output_dir
     from alignctl.pipeline.manifest import write_manifest
 
+    from alignctl.errors import writing
+
     results.out_dir = Path(out).absolute()
-    with atomic_output_dir(out) as tmp:
+    with writing(out), atomic_output_dir(out) as tmp:
         write_report(results, tmp)
         cfg = results.config
         inputs = {k: cfg[k] for k in ("policy", "reference", "reward_model", "prompts", "preference_data", "run")

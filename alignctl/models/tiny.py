@@ -94,7 +94,7 @@ def _data_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
 def _jsonl_texts(path: Path) -> Iterator[str]:
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in _numbered_lines(f, path):
             if not line.strip():
                 continue
             try:
@@ -106,10 +106,25 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
                     yield from _strings(row.get(key))
 
 
+def _numbered_lines(handle: Any, path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line), with undecodable bytes (or a bad gzip stream) as a one-line error."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(handle, 1):
+            yield lineno, line
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise UserError(f"{path}:{lineno + 1}: not readable as UTF-8 JSON lines ({type(exc).__name__}); "
+                        f"expected one JSON object per line") from None
+
+
 def _parquet_texts(path: Path) -> Iterator[str]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__}); expected tokenizer "
+                        f"training data") from None
     for column in (c for c in PARQUET_TEXT_COLUMNS if c in table.column_names):
         for cell in table.column(column).to_pylist():
             yield from _strings(cell)

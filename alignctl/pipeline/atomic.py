@@ -39,7 +39,9 @@ def atomic_output_dir(dest: str | os.PathLike[str], *, overwrite: bool = True,
     ``overwrite=False`` refuses to replace an existing non-empty ``dest`` at all (UserError). The
     new folder carries the ownership marker, so a later run may replace it.
     """
-    dest = Path(dest).absolute()
+    dest = Path(dest).expanduser().absolute()
+    if dest.is_symlink():  # keep the user's link: the folder it points at is the output
+        dest = dest.resolve()
     if dest.exists() and not dest.is_dir():
         raise UserError(f"{dest}: output path exists and is a file, expected a folder")
     if dest.exists():

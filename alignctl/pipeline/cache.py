@@ -21,7 +21,7 @@ from typing import Any
 from alignctl.config.core import build_config, merge_dicts, to_dict
 from alignctl.errors import UserError
 from alignctl.pipeline.manifest import read_manifest
-from alignctl.pipeline.ownership import check_replaceable, is_empty_dir, is_owned, mark_owned
+from alignctl.pipeline.ownership import check_replaceable, is_empty_dir, is_owned, mark_owned, protected_reason
 from alignctl.pipeline.spec import PipelineSpec, StageSpec, substitute
 from alignctl.pipeline.stages import KIND_DEFAULTS, STAGE_KINDS
 
@@ -85,8 +85,13 @@ def clear(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def check_workdir(workdir: Path) -> None:
-    """A pipeline's workdir is new, empty, or an alignctl workdir: never a folder of the user's."""
+def check_workdir(workdir: Path, inputs: list[str] | None = None) -> None:
+    """A pipeline's workdir is new, empty, or an alignctl workdir: never a folder of the user's,
+    the home or current folder, or a folder holding one of the stages' inputs."""
+    reason = protected_reason(workdir.resolve(), inputs or ())
+    if reason:
+        raise UserError(f"workdir {workdir}: refusing to write stage folders there, it {reason}; choose a new "
+                        f"workdir")
     if workdir.exists() and not (workdir.is_dir() and (is_empty_dir(workdir) or is_owned(workdir))):
         raise UserError(f"workdir {workdir}: exists and was not created by alignctl; refusing to write stage "
                         f"folders into it (choose a new workdir)")

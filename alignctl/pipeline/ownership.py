@@ -53,7 +53,7 @@ def is_empty_dir(folder: Path) -> bool:
     return folder.is_dir() and next(folder.iterdir(), None) is None
 
 
-def _protected(dest: Path, inputs: Iterable[str | os.PathLike[str]]) -> str | None:
+def protected_reason(dest: Path, inputs: Iterable[str | os.PathLike[str]] = ()) -> str | None:
     """Why ``dest`` may never be an output folder, or None."""
     cwd = Path.cwd().resolve()
     if dest == Path(dest.anchor):
@@ -77,7 +77,7 @@ def check_output_dir(dest: str | os.PathLike[str], *, key: str, overwrite: bool,
 
     ``key`` names the setting in the message (``--out``, ``output_dir``, ``trainer.run_dir``)."""
     path = Path(dest).expanduser().resolve()
-    reason = _protected(path, inputs)
+    reason = protected_reason(path, inputs)
     if reason:
         raise UserError(f"{key} {dest}: refusing to write there, it {reason}; choose a new folder, e.g. "
                         f"{Path(dest) / 'out'}")
@@ -97,7 +97,7 @@ def check_output_dir(dest: str | os.PathLike[str], *, key: str, overwrite: bool,
 
 def check_replaceable(dest: Path) -> None:
     """The last guard before an existing folder is moved aside and deleted: never the user's own."""
-    reason = _protected(dest.resolve(), ())
+    reason = protected_reason(dest.resolve())
     if reason:
         raise UserError(f"{dest}: refusing to replace this folder, it {reason}")
     if dest.is_dir() and not is_empty_dir(dest) and not is_owned(dest):

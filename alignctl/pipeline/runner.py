@@ -14,7 +14,7 @@ from alignctl.errors import UserError
 from alignctl.pipeline.cache import (StageState, artifact_dir, check_workdir, clear, stage_keys, stage_state,
                                      typed_config, workdir_lock)
 from alignctl.pipeline.manifest import write_manifest
-from alignctl.pipeline.spec import PipelineSpec, load_pipeline
+from alignctl.pipeline.spec import PipelineSpec, load_pipeline, substitute
 from alignctl.preflight import preflight
 from alignctl.pipeline.stages import STAGE_KINDS
 
@@ -65,6 +65,28 @@ def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -
     return StageOutcome(name, stage.kind, "ran", folder, key, seconds, metrics)
 
 
+def _external_inputs(spec: PipelineSpec, paths: dict[str, str]) -> list[str]:
+    """Existing files and folders the stages read that no stage writes (the user's inputs)."""
+    artifacts = [Path(p).absolute() for p in paths.values()]
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str) and value.strip() and Path(value).expanduser().exists():
+            path = Path(value).expanduser().absolute()
+            if not any(path == a or a in path.parents for a in artifacts):
+                found.append(value)
+
+    for stage in spec.stages.values():
+        walk(substitute(stage.config, paths))
+    return found
+
+
 def _preflight_all(spec: PipelineSpec, paths: dict[str, str], to_build: set[str], to_run: list[str], *,
                    offline_ok: bool) -> None:
     """Check every stage before the first one runs: inputs that an upstream stage will build are
@@ -91,7 +113,7 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
     keys = stage_keys(spec)  # resolves and validates every stage's config before anything runs
     forced = _downstream(spec, set(force))
     paths = {name: str(artifact_dir(spec, name, key)) for name, key in keys.items()}
-    check_workdir(spec.workdir)
+    check_workdir(spec.workdir, _external_inputs(spec, paths))
     states = {name: stage_state(spec, name, key) for name, key in keys.items()}
     to_run = list(spec.stages)[: list(spec.stages).index(until) + 1] if until else list(spec.stages)
     _preflight_all(spec, paths, {n for n, st in states.items() if st.state != "cached" or n in forced}, to_run,

@@ -128,4 +128,6 @@ def load_pipeline(path: str | Path, overrides: list[str], kinds: set[str]) -> Pi
         else:
             raise UserError(f"command-line override {text!r}: expected STAGE.key=value with STAGE one of "
                             f"{', '.join(stages)} (or workdir=PATH)")
-    return PipelineSpec(path, Path(workdir), _order(path, stages))
+    if not isinstance(workdir, str) or not workdir.strip():
+        raise UserError(f"{path}: 'workdir' expected a folder path, got {workdir!r}")
+    return PipelineSpec(path, Path(workdir).expanduser(), _order(path, stages))

@@ -46,6 +46,22 @@ def _columns(path: Path, key: str) -> list[str]:
         raise UserError(f"{key} {path}: not a readable parquet file ({type(exc).__name__})") from None
 
 
+def refuse_preference_file(name: str, key: str, ctx: Context) -> None:
+    """A preference file (chosen/rejected, no reward_model) where RL prompts are expected."""
+    path = check_file(name, key, ctx)
+    if path is None:
+        return
+    columns = _columns(path, key)
+    if set(PREFERENCE_COLUMNS) <= set(columns) and "reward_model" not in columns:
+        raise UserError(f"{key} {name}: a preference file (chosen/rejected columns) given as RL prompts; "
+                        f"expected RL prompt rows (prompt, data_source, reward_model) from 'alignctl preprocess'")
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
 def _prompt_text(value: Any) -> str:
     """The text a prompt cell carries: a string, or the contents of its messages."""
     if isinstance(value, str):
@@ -69,10 +85,8 @@ def check_rl_prompts(files: list[str], key: str, ctx: Context, *, prompt_key: st
         path = check_file(name, key, ctx)
         if path is None:
             continue
+        refuse_preference_file(name, key, ctx)
         columns = _columns(path, key)
-        if set(PREFERENCE_COLUMNS) <= set(columns) and "reward_model" not in columns:
-            raise UserError(f"{key} {name}: a preference file (chosen/rejected columns) given as RL prompts; "
-                            f"expected RL prompt rows (prompt, data_source, reward_model) from 'alignctl preprocess'")
         missing = [c for c in (prompt_key, "data_source") if c not in columns]
         if missing:
             raise UserError(f"{key} {name}: missing column(s) {', '.join(missing)}; expected RL prompt rows from "
@@ -92,6 +106,9 @@ def _check_rows(rows: list[dict[str, Any]], name: str, prompt_key: str, needs_gr
                         f"a reward model")
     sources: set[str] = set()
     for i, row in enumerate(rows):
+        if not _is_messages(row.get(prompt_key)):
+            raise UserError(f"{name} row {i}: column {prompt_key!r} holds {type(row.get(prompt_key)).__name__}; "
+                            f"expected chat messages [{{role, content}}, ...] (as 'alignctl preprocess' writes)")
         if not _prompt_text(row.get(prompt_key)).strip():
             raise UserError(f"{name} row {i}: empty prompt in column {prompt_key!r}; expected prompt text")
         if needs_ground_truth:

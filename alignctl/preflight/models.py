@@ -72,10 +72,14 @@ def _network_failure(why: str) -> bool:
     return any(word in why for word in ("Connect", "Timeout", "Network", "offline"))
 
 
-def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal") -> None:
-    """``path`` names a usable folder of ``kind`` (or a reachable hub id); UserError otherwise."""
-    if not path or ctx.later(path):
+def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal", *,
+                needs_tokenizer: bool = False) -> None:
+    """``path`` names a usable folder of ``kind`` (or a reachable hub id); UserError otherwise.
+    ``needs_tokenizer``: the folder must also hold the tokenizer the stage reads from it."""
+    if path is None or ctx.later(path):
         return
+    if not path.strip():
+        raise UserError(f"{key}: empty path; expected a Hugging Face model folder")
     folder = Path(path).expanduser()
     if not folder.exists():
         if looks_local(path):
@@ -92,6 +96,8 @@ def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal")
     if not folder.is_dir():
         raise UserError(f"{key} {path}: is a file; expected a Hugging Face model folder")
     _check_kind(folder, key, kind)
+    if needs_tokenizer and kind != "tokenizer" and not any(folder.glob("*.gguf")):
+        _check_kind(folder, key, "tokenizer")
 
 
 def config_of(path: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from alignctl.trainers.checkpoint import STATE_FILE, checkpoint_root, complete_c
 
 def run_dir_of(cfg: RLConfig) -> Path:
     trainer = cfg.trainer
-    return Path(trainer.run_dir or Path(trainer.default_local_dir) / trainer.experiment_name)
+    return Path(trainer.run_dir or Path(trainer.default_local_dir) / trainer.experiment_name).expanduser()
 
 
 def _check_resume_path(cfg: RLConfig) -> None:
@@ -61,12 +61,14 @@ def _reward_needs(cfg: RLConfig) -> tuple[bool, bool]:
 
 def check_rl(cfg: RLConfig, ctx: Context) -> None:
     arr = cfg.actor_rollout_ref
-    check_model(arr.model.path, "actor_rollout_ref.model.path", ctx, "causal")
+    check_model(arr.model.path, "actor_rollout_ref.model.path", ctx, "causal",
+                needs_tokenizer=not arr.model.tokenizer_path)
     check_model(arr.model.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", ctx, "tokenizer")
     if cfg.use_critic:
         check_model(cfg.critic.model.path, "critic.model.path", ctx, "critic")
     if cfg.reward_model.enable:
-        check_model(cfg.reward_model.model.path, "reward_model.model.path", ctx, "reward")
+        check_model(cfg.reward_model.model.path, "reward_model.model.path", ctx, "reward",
+                    needs_tokenizer=not cfg.reward_model.model.input_tokenizer)
     custom = cfg.custom_reward_function
     check_python_function(custom.path, custom.name, "custom_reward_function.path", ctx)
     dataset = cfg.data.custom_cls

@@ -15,7 +15,7 @@ from alignctl.config.sft import SFTConfig
 from alignctl.errors import UserError
 from alignctl.pipeline.ownership import check_output_dir
 from alignctl.preflight.context import Context
-from alignctl.preflight.data import PREFERENCE_COLUMNS, check_columns, check_file
+from alignctl.preflight.data import PREFERENCE_COLUMNS, check_columns, check_file, refuse_preference_file
 from alignctl.preflight.models import check_model
 
 
@@ -90,7 +90,7 @@ def check_import_model(cfg: ImportModelConfig, ctx: Context) -> None:
 
 
 def check_sft(cfg: SFTConfig, ctx: Context) -> None:
-    check_model(cfg.model.path, "model.path", ctx, "causal")
+    check_model(cfg.model.path, "model.path", ctx, "causal", needs_tokenizer=True)
     needed = [cfg.data.prompt_key, cfg.data.response_key]
     check_columns(cfg.data.train_files, "data.train_files", ctx, needed, "SFT rows (prompt and response)")
     check_columns(cfg.data.val_files, "data.val_files", ctx, needed, "SFT rows (prompt and response)")
@@ -98,7 +98,7 @@ def check_sft(cfg: SFTConfig, ctx: Context) -> None:
 
 
 def check_reward_model(cfg: RewardModelConfig, ctx: Context) -> None:
-    check_model(cfg.model.path, "model.path", ctx, "critic")  # a causal LM or an earlier reward model
+    check_model(cfg.model.path, "model.path", ctx, "critic", needs_tokenizer=True)  # a causal LM or a reward model
     needed = ["prompt", *PREFERENCE_COLUMNS]
     check_columns(cfg.data.train_files, "data.train_files", ctx, needed, "preference pairs")
     check_columns(cfg.data.val_files, "data.val_files", ctx, needed, "preference pairs")
@@ -106,11 +106,12 @@ def check_reward_model(cfg: RewardModelConfig, ctx: Context) -> None:
 
 
 def check_eval(cfg: EvalConfig, ctx: Context) -> None:
-    check_model(cfg.policy, "policy", ctx, "causal")
-    check_model(cfg.reference, "reference", ctx, "causal")
-    check_model(cfg.reward_model, "reward_model", ctx, "reward")
+    check_model(cfg.policy, "policy", ctx, "causal", needs_tokenizer=True)
+    check_model(cfg.reference, "reference", ctx, "causal", needs_tokenizer=True)
+    check_model(cfg.reward_model, "reward_model", ctx, "reward", needs_tokenizer=True)
     if cfg.prompts:
         check_columns([cfg.prompts], "prompts", ctx, [cfg.prompt_key], "RL prompt rows")
+        refuse_preference_file(cfg.prompts, "prompts", ctx)
     if cfg.preference_data:
         check_columns([cfg.preference_data], "preference_data", ctx, ["prompt", *PREFERENCE_COLUMNS],
                       "preference pairs")

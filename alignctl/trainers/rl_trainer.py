@@ -162,6 +162,8 @@ class RLTrainer:
         run_dir = self.parts.run_dir
         check_replaceable(run_dir)  # never write into a folder of the user's (preflight said so already)
         result = RunResult(run_dir, run_dir / "actor", 0)
+        new_run = not run_dir.exists()
+        refused = False
         resume_from = self.restore_controller(result)
         try:
             self.workers = start_workers(self.cfg, self.parts.total_steps)
@@ -179,9 +181,14 @@ class RLTrainer:
             self.workers.broadcast("actor", "save", str(result.policy_dir))
         except WorkerFailed as exc:
             raise RunFailed(f"{self.activity}: {exc}") from exc
+        except UserError:
+            refused = True  # e.g. a flat first-batch reward: the run trained on nothing
+            raise
         finally:
             tracker.close()
             self.workers.shutdown()
+            if refused and new_run:
+                shutil.rmtree(run_dir, ignore_errors=True)  # leave no run folder behind a refused run
         (run_dir / "summary.json").write_text(json.dumps(_summary(result), indent=2), encoding="utf-8")
         return result
 
