@@ -235,6 +235,29 @@ class AlgorithmConfig:
     filter_groups: FilterGroups = section(FilterGroups, help="DAPO dynamic sampling.")
 
 
+MONITOR_ALARMS = ("non_finite", "reward_hacking", "entropy_collapse", "length_blowup", "length_collapse",
+                  "mode_collapse", "kl_budget")
+MONITOR_POLICIES = ("warn", "stop", "ignore")
+
+
+@dataclass
+class MonitorConfig:
+    enable: bool = field(True, help="Watch every step for reward hacking, entropy / length / mode collapse, KL over "
+                                    "budget and non-finite numbers (docs/monitor.md); costs no forward pass.")
+    policy: str = field("warn", help="What an alarm does: warn (one console line, logged), stop (checkpoint, then "
+                                     "exit 1 with the reason), ignore.", choices=MONITOR_POLICIES)
+    policies: dict[str, str] = field(default_factory=dict, help="Per-alarm policy overriding 'policy', e.g. "
+                                                                "{reward_hacking: stop}. Alarms: " + ", ".join(MONITOR_ALARMS) + ".")
+    window: int = field(4, ge=1, help="Steps averaged for 'start' (the first W) and 'recent' (the last W).")
+    gold_drop: float = field(0.05, gt=0, help="reward_hacking: fall of the gold signal (rule score or validation "
+                                              "accuracy) below its best that counts, while the proxy reward rose.")
+    entropy_floor: float = field(0.1, gt=0, le=1, help="entropy_collapse: recent entropy below this fraction of its start.")
+    length_high: float = field(2.0, gt=1, help="length_blowup: recent mean response length above this multiple of its start.")
+    length_low: float = field(0.5, gt=0, le=1, help="length_collapse: recent mean response length below this fraction of its start.")
+    min_unique: float = field(0.25, gt=0, le=1, help="mode_collapse: share of distinct responses in a batch below this.")
+    kl_budget: float = field(0.5, gt=0, help="kl_budget: recent actor/reference_kl (nats per token) above this.")
+
+
 @dataclass
 class TrainerConfig:
     project_name: str = field("alignctl", help="Project name (trackers).")
@@ -280,6 +303,7 @@ class RLConfig:
     custom_reward_function: CustomRewardFunction = section(CustomRewardFunction, help="User reward function.")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, help="Advantages and KL.")
     trainer: TrainerConfig = section(TrainerConfig, help="Loop, workers, logging, checkpoints.")
+    monitor: MonitorConfig = section(MonitorConfig, help="Training-health alarms (docs/monitor.md).")
 
     def _check_registries(self) -> None:
         from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
@@ -329,6 +353,10 @@ class RLConfig:
         if micro is not None and not actor.use_dynamic_bsz and (actor.ppo_mini_batch_size * n // world) % micro:
             raise UserError(f"key 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu' ({micro}) must divide "
                             f"the per-worker mini-batch ({actor.ppo_mini_batch_size * n // world} responses)")
+        for name, policy in self.monitor.policies.items():
+            if name not in MONITOR_ALARMS or policy not in MONITOR_POLICIES:
+                raise UserError(f"key 'monitor.policies': {name}: {policy!r}; expected alarms from "
+                                f"{', '.join(MONITOR_ALARMS)} with a policy from {', '.join(MONITOR_POLICIES)}")
         unknown = [x for x in self.trainer.logger if x not in LOGGERS]
         if unknown:
             raise UserError(f"key 'trainer.logger': unknown logger(s) {unknown}; expected any of {', '.join(LOGGERS)}")

@@ -48,6 +48,8 @@ class RewardComputer:
             scores, metrics = torch.zeros(batch["responses"].shape, dtype=torch.float32), {}
         else:
             scores, metrics = self._rule_scores(batch, texts)
+            # the gold signal the monitor compares the reward model's score with (reward hacking)
+            metrics["reward/rule_score/mean"] = float(scores.sum(-1).mean())
             scores = scores * (self.rule_weight if use_model else 1.0)
         if self.model_scorer is not None and use_model:
             texts_batch = Batch(lists={"raw_prompt": batch["raw_prompt"], "response_text": texts})

@@ -23,6 +23,7 @@ from alignctl.batch import Batch
 from alignctl.config.core import to_dict, to_yaml
 from alignctl.config.rl import RLConfig
 from alignctl.models.microbatch import balance_batch, balance_groups
+from alignctl.monitor import Alarm, Monitor, Thresholds, response_diversity
 from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
 from alignctl.trainers.advantage import compute_advantage
 from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
@@ -60,6 +61,7 @@ class RLTrainer:
         self.workers = None
         self.last_batch: Batch | None = None
         self.saving = False  # a checkpoint is being written (named in failure messages)
+        self.monitor = make_monitor(cfg.monitor) if cfg.monitor.enable else None
         self.need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.on_policy = is_on_policy(cfg)
 
@@ -96,6 +98,8 @@ class RLTrainer:
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.world_size)
+        metrics |= response_diversity(batch["responses"], batch["response_mask"],
+                                      batch["group_index"] if "group_index" in batch else None)
         return metrics
 
     # ------------------------------------------------------------------ hooks and helpers
@@ -226,8 +230,10 @@ class RLTrainer:
                 self.check_reward_signal(self.last_batch)
             self.global_step += 1
             metrics["training/epoch"] = self.parts.loader.epoch
+            alarms = self.watch(metrics)
             tracker.log(metrics, self.global_step)
             result.history.append(metrics)
+            self.act_on(alarms)
             last = self.global_step == self.parts.total_steps
             if self.parts.val_data is not None and (last or (trainer.test_freq > 0 and self.global_step % trainer.test_freq == 0)):
                 self._validate(tracker, result)
@@ -298,8 +304,38 @@ class RLTrainer:
         start = time.perf_counter()
         metrics = validate(self, self.parts.val_data)
         metrics["timing_s/validation"] = time.perf_counter() - start
+        alarms = self.watch(metrics)
         tracker.log(metrics, self.global_step)
         result.val_history.append({"step": self.global_step, **metrics})
+        self.act_on(alarms)
+
+    # ------------------------------------------------------------------ the monitor
+
+    def watch(self, metrics: dict[str, float]) -> list[Alarm]:
+        """Feed the monitor; each alarm that starts now is printed and marked in ``metrics``."""
+        if self.monitor is None:
+            return []
+        alarms = self.monitor.observe(self.global_step, metrics)
+        for alarm in alarms:
+            metrics[f"monitor/alarm/{alarm.name}"] = 1.0
+            console.print(f"[bold yellow]alarm:[/] {alarm.line()}")
+        return alarms
+
+    def act_on(self, alarms: list[Alarm]) -> None:
+        """A ``stop`` alarm: save a checkpoint, then end the run with the reason (exit 1)."""
+        stops = [a for a in alarms if a.policy == "stop"]
+        if not stops:
+            return
+        saved = self.save_checkpoint()
+        raise RunFailed(f"stopped by the monitor at {stops[0].line()} (monitor policy stop; checkpoint {saved})")
+
+
+def make_monitor(cfg: Any) -> Monitor:
+    """The monitor of a ``monitor`` config section."""
+    thresholds = Thresholds(window=cfg.window, gold_drop=cfg.gold_drop, entropy_floor=cfg.entropy_floor,
+                            length_high=cfg.length_high, length_low=cfg.length_low, min_unique=cfg.min_unique,
+                            kl_budget=cfg.kl_budget)
+    return Monitor(thresholds, dict(cfg.policies), cfg.policy)
 
 
 def create_trainer(cfg: RLConfig) -> RLTrainer:

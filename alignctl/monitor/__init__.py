@@ -1,0 +1,63 @@
+"""The training-health monitor: watches every RL step's metrics and raises alarms (reward
+hacking, entropy / length / mode collapse, KL over budget, non-finite numbers) with a policy per
+alarm: warn, stop (checkpoint, then exit with a one-line reason), or ignore. See docs/monitor.md.
+
+It reads only metrics the loop already computes (plus :func:`signals.response_diversity`), so it
+costs no forward pass. Pure bookkeeping: the trainer decides what a ``stop`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from alignctl.monitor.alarms import RULES, Series, Thresholds
+from alignctl.monitor.signals import response_diversity
+
+
+@dataclass(frozen=True)
+class Alarm:
+    name: str
+    step: int
+    reason: str
+    policy: str  # warn | stop
+
+    def line(self) -> str:
+        return f"step {self.step}: {self.name}: {self.reason}"
+
+
+@dataclass
+class Monitor:
+    """Feed it each step's metrics with :meth:`observe`; it returns the alarms that start now.
+
+    An alarm fires once when its condition starts and again only after the condition cleared."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    policies: dict[str, str] = field(default_factory=dict)  # alarm -> warn | stop | ignore
+    default_policy: str = "warn"
+    history: dict[str, Series] = field(default_factory=dict)
+    active: set[str] = field(default_factory=set)
+
+    def record(self, step: int, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self.history.setdefault(key, []).append((step, float(value)))
+
+    def observe(self, step: int, metrics: dict[str, Any]) -> list[Alarm]:
+        self.record(step, metrics)
+        started = []
+        for name, rule in RULES.items():
+            policy = self.policies.get(name, self.default_policy)
+            reason = None if policy == "ignore" else rule(self.history, metrics, self.thresholds)
+            if reason is None:
+                self.active.discard(name)
+            elif name not in self.active:
+                self.active.add(name)
+                started.append(Alarm(name, step, reason, policy))
+        return started
+
+
+ALARM_NAMES = tuple(RULES)
+
+__all__ = ["ALARM_NAMES", "Alarm", "Monitor", "Thresholds", "response_diversity"]
