@@ -125,6 +125,34 @@ def preprocess(
     print_preprocess_report(report)
 
 
+@app.command()
+def audit(
+    preference_data: Annotated[str, typer.Argument(help="Preference parquet (prompt / chosen / rejected).")],
+    test: Annotated[Optional[str], typer.Option("--test", help="Other split's parquet: its prompts must not appear here.")] = None,
+    reward_model: Annotated[Optional[str], typer.Option("--reward-model", help="Reward model folder: accuracy, length-matched accuracy, likely label errors.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model folder whose tokenizer counts tokens (default: the reward model's).")] = None,
+    max_length: Annotated[int, typer.Option("--max-length", help="Flag pairs longer than this many tokens (train-rm's data.max_length).")] = 512,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Report folder (default audit/<file stem>).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit with status 1 when blocking problems exist (empty or identical pairs, exact duplicates, test leakage).")] = False,
+    device: Annotated[str, typer.Option(help="Reward-model device: auto | cpu | cuda.")] = "auto",
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Audit preference pairs: empty/identical pairs, duplicates, leakage, length bias, label errors."""
+    from alignctl.audit import AuditOptions, run_audit
+    from alignctl.audit.report import print_audit_report
+
+    result = run_audit(AuditOptions(data=preference_data, test=test, reward_model=reward_model, tokenizer=tokenizer,
+                                    max_length=max_length, out=out, overwrite=overwrite, device=device,
+                                    progress=_interactive()))
+    print_audit_report(result)
+    blocking = result.blocking_problems()
+    if strict and blocking:
+        problems = ", ".join(f"{name} ({count} rows)" for name, count in blocking.items())
+        print(f"audit: blocking problems in {preference_data}: {problems}; see {result.out}/flagged.jsonl",
+              file=sys.stderr)
+        raise typer.Exit(1)
+
+
 # ------------------------------------------------------------------------------ init-model
 
 

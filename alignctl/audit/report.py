@@ -1,0 +1,146 @@
+"""The audit's outputs: ``summary.json``, ``flagged.jsonl``, ``report.html`` and the console table.
+
+The HTML page is rendered with the eval report's jinja environment (autoescaping on, so dataset
+text with markup shows as text) from ``templates/audit.html.j2``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alignctl.audit.checks import PairText, finite_or_none
+
+HTML_TEMPLATE = "audit.html.j2"
+SNIPPET_CHARS = 300  # of each text in flagged.jsonl / the HTML page; the row index finds the rest
+HTML_ROWS = 200  # flagged rows shown on the page (all of them are in flagged.jsonl)
+
+
+@dataclass
+class CheckResult:
+    """One check: its name, whether it blocks (--strict), its rule, and flagged row -> detail."""
+
+    name: str
+    blocking: bool
+    rule: str
+    rows: dict[int, str]
+    ran: bool = True
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self, total: int) -> dict[str, Any]:
+        return {"ran": self.ran, "blocking": self.blocking, "rule": self.rule, "flagged": len(self.rows),
+                "fraction": len(self.rows) / total if total else 0.0, "note": self.note, **self.extra}
+
+
+@dataclass
+class AuditResult:
+    data: str
+    test: str | None
+    rows: int
+    out: str
+    max_length: int
+    checks: list[CheckResult] = field(default_factory=list)
+    length_bias: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reward_model: dict[str, Any] | None = None
+    scores: dict[int, tuple[float, float]] = field(default_factory=dict)
+    samples: dict[int, PairText] = field(default_factory=dict)
+
+    def flagged_rows(self) -> list[int]:
+        return sorted({i for check in self.checks for i in check.rows})
+
+    def blocking_problems(self) -> dict[str, int]:
+        """Check name -> flagged rows, for the blocking checks that flagged any (what --strict exits on)."""
+        return {c.name: len(c.rows) for c in self.checks if c.blocking and c.rows}
+
+    def warnings(self) -> list[str]:
+        out = [f"length bias ({unit}): chosen is longer in {100 * b['longer_share_of_unequal']:.1f}% of pairs "
+               f"of different lengths" for unit, b in self.length_bias.items() if b.get("biased")]
+        rm = self.reward_model or {}
+        if rm.get("accuracy_all") is not None and rm.get("accuracy_length_matched") is not None \
+                and rm["accuracy_all"] - rm["accuracy_length_matched"] > 0.1:
+            out.append(f"reward model accuracy drops from {100 * rm['accuracy_all']:.1f}% to "
+                       f"{100 * rm['accuracy_length_matched']:.1f}% on length-matched pairs: it may reward length")
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "data": self.data, "test": self.test, "rows": self.rows, "max_length": self.max_length,
+            "flagged_rows": len(self.flagged_rows()),
+            "checks": {c.name: c.summary(self.rows) for c in self.checks},
+            "length_bias": self.length_bias,
+            "reward_model": None if self.reward_model is None else
+            {k: finite_or_none(v) if isinstance(v, float) else v for k, v in self.reward_model.items()},
+            "blocking": self.blocking_problems(), "warnings": self.warnings(),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def flagged_records(self) -> list[dict[str, Any]]:
+        """One record per flagged row: its index, reasons (check + detail), short texts, RM scores."""
+        by_row: dict[int, list[dict[str, str]]] = {}
+        for check in self.checks:
+            for i, detail in check.rows.items():
+                by_row.setdefault(i, []).append({"check": check.name, "detail": detail})
+        records = []
+        for i in sorted(by_row):
+            pair = self.samples.get(i)
+            record: dict[str, Any] = {"row": i, "reasons": by_row[i]}
+            if pair is not None:
+                record.update({k: _snippet(getattr(pair, k)) for k in ("prompt", "chosen", "rejected")})
+            if i in self.scores:
+                record["score_chosen"], record["score_rejected"] = self.scores[i]
+            records.append(record)
+        return records
+
+
+def _snippet(text: str) -> str:
+    return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "…"
+
+
+def write_report(result: AuditResult, folder: str | Path) -> None:
+    """Write summary.json, flagged.jsonl and report.html into ``folder``."""
+    from alignctl.eval.report import _environment
+
+    folder = Path(folder)
+    summary = result.summary()
+    records = result.flagged_records()
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with (folder / "flagged.jsonl").open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    html = _environment(True).get_template(HTML_TEMPLATE).render(s=summary, records=records[:HTML_ROWS],
+                                                                 total_flagged=len(records))
+    (folder / "report.html").write_text(html, encoding="utf-8")
+
+
+def summary_rows(result: AuditResult) -> list[list[Any]]:
+    """Rows of the console table: check, flagged, share, blocking, rule or why it did not run."""
+    rows = []
+    for check in result.checks:
+        flagged = str(len(check.rows)) if check.ran else "—"
+        share = f"{100 * len(check.rows) / max(result.rows, 1):.1f}%" if check.ran else "—"
+        rows.append([check.name, flagged, share, "yes" if check.blocking else "no",
+                     check.rule if check.ran else f"skipped: {check.note}"])
+    return rows
+
+
+def print_audit_report(result: AuditResult) -> None:
+    from alignctl.console import console, print_table
+
+    print_table(f"audit of {result.data}: {result.rows} pairs -> {result.out}",
+                ["check", "flagged", "share", "blocking", "rule"], summary_rows(result))
+    bias_rows = [[unit, f"{100 * b['chosen_longer']:.1f}%", f"{100 * b['chosen_shorter']:.1f}%",
+                  f"{100 * b['equal']:.1f}%", f"{b['mean_chosen']:.1f} / {b['mean_rejected']:.1f}",
+                  "yes" if b["biased"] else "no"] for unit, b in result.length_bias.items()]
+    print_table("length bias", ["unit", "chosen longer", "chosen shorter", "equal", "mean chosen / rejected",
+                                "biased"], bias_rows)
+    rm = result.reward_model
+    if rm is not None:
+        print_table(f"reward model {rm['path']} (lengths in {rm['length_unit']})", ["pairs", "accuracy", "count"],
+                    [[name, "—" if rm[f"accuracy_{name}"] is None else f"{100 * rm[f'accuracy_{name}']:.1f}%",
+                      rm[f"pairs_{name}"]] for name in ("all", "length_matched", "chosen_longer", "chosen_shorter")])
+    for warning in result.warnings():
+        console.print(f"[yellow]warning:[/yellow] {warning}")

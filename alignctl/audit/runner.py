@@ -1,0 +1,265 @@
+"""``alignctl audit``: read a preference parquet, run the checks, write the report folder.
+
+The cheap checks (empty / identical pairs, exact and near duplicates, leakage, character length
+bias) need only the file. A tokenizer (``--tokenizer``, or the reward model's) adds token length
+bias and the ``--max-length`` check; a reward model (``--reward-model``) adds its accuracy overall
+and on length-matched pairs, and likely label errors. Conversations are tokenized and scored
+exactly as ``alignctl eval`` does (:class:`alignctl.eval.scoring.RewardScorer`), so the lengths
+are the ones train-rm and eval see.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from alignctl.console import track
+from alignctl.audit import checks
+from alignctl.audit.report import AuditResult, CheckResult
+from alignctl.errors import UserError
+
+Messages = list[dict[str, str]]
+PAIR_COLUMNS = ("prompt", "chosen", "rejected")
+DEFAULT_MAX_LENGTH = 512  # train-rm's data.max_length default
+
+
+@dataclass
+class AuditOptions:
+    data: str
+    test: str | None = None
+    reward_model: str | None = None
+    tokenizer: str | None = None
+    max_length: int = DEFAULT_MAX_LENGTH
+    out: str | None = None
+    overwrite: bool = False
+    device: str = "auto"
+    rm_batch_size: int = 16
+    progress: bool = False
+
+
+def default_out(data: str | os.PathLike[str]) -> Path:
+    return Path("audit") / Path(data).stem
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def _messages(value: Any, role: str) -> Messages:
+    """Lenient: empty values become [] (the empty check reports them; nothing here refuses)."""
+    from alignctl.data.rl_dataset import plain_python
+
+    value = plain_python(value)
+    if isinstance(value, dict):
+        value = [value]
+    if isinstance(value, str):
+        return [{"role": role, "content": value}] if value.strip() else []
+    if isinstance(value, list):
+        return [{"role": str(m.get("role", role)), "content": str(m.get("content") or "")}
+                for m in value if isinstance(m, dict)]
+    return []
+
+
+def _text(messages: Messages, *, last_only: bool) -> str:
+    """The prompt as one text (every message, role-tagged) or a reply's final message."""
+    if not any(m["content"].strip() for m in messages):
+        return ""  # so that a prompt of blank messages counts as empty, not as "user:"
+    if last_only:
+        return messages[-1]["content"]
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def read_frame(path: str, what: str, columns: tuple[str, ...]) -> Any:
+    """The parquet file as a DataFrame, refusing (one line) a missing file or a wrong kind of file."""
+    from alignctl.data.rl_dataset import read_parquet_file
+
+    file = Path(path)
+    if not file.is_file():
+        hint = " (a folder: name its .parquet file, e.g. train.parquet)" if file.is_dir() else ""
+        raise UserError(f"{path}: {what} file not found{hint}")
+    frame = read_parquet_file(file)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        kind = " (it holds RL prompt rows; audit expects preference pairs, e.g. 'alignctl preprocess hh-rlhf' output)" \
+            if "reward_model" in frame.columns else ""
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected {' / '.join(columns)}{kind}")
+    if frame.empty:
+        raise UserError(f"{path}: no rows")
+    return frame
+
+
+def read_pairs(path: str) -> tuple[list[checks.PairText], list[tuple[Messages, Messages, Messages]]]:
+    frame = read_frame(path, "preference data", PAIR_COLUMNS)
+    texts, convs = [], []
+    for record in frame[list(PAIR_COLUMNS)].to_dict(orient="records"):
+        prompt = _messages(record["prompt"], "user")
+        chosen, rejected = _messages(record["chosen"], "assistant"), _messages(record["rejected"], "assistant")
+        texts.append(checks.PairText(_text(prompt, last_only=False), _text(chosen, last_only=True),
+                                     _text(rejected, last_only=True)))
+        convs.append((prompt, chosen[-1:], rejected[-1:]))
+    return texts, convs
+
+
+def read_test_prompts(path: str) -> list[str]:
+    frame = read_frame(path, "--test", ("prompt",))
+    return [_text(_messages(v, "user"), last_only=False) for v in frame["prompt"]]
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def cheap_checks(pairs: list[checks.PairText], test_prompts: list[str] | None, progress: bool) -> list[CheckResult]:
+    """The checks that need only the file (and the other split for leakage)."""
+    empty = checks.empty_fields(pairs)
+    identical = checks.identical_pairs(pairs)
+    groups = checks.exact_duplicate_groups(pairs)
+    exact = {i: f"same pair as rows {_others(g, i)}" for g in groups for i in g}
+    keep_one = {i for g in groups for i in g[1:]}
+    wrap = (lambda it: track(it, "near duplicates (MinHash)", total=len(pairs))) if progress else (lambda it: it)
+    near_groups = checks.near_duplicate_groups(pairs, skip=keep_one, wrap=wrap)
+    near = {i: f"similar to rows {_others(g, i)}" for g in near_groups for i in g}
+    results = [
+        CheckResult("empty", True, "prompt, chosen or rejected empty after stripping",
+                    {i: "empty " + ", ".join(v) for i, v in empty.items()}),
+        CheckResult("identical", True, "chosen == rejected after normalizing", {i: "chosen == rejected" for i in identical}),
+        CheckResult("exact_duplicate", True, "same normalized (prompt, chosen, rejected)", exact,
+                    extra={"groups": len(groups), "removable_rows": len(keep_one)}),
+        CheckResult("near_duplicate", False, f"MinHash Jaccard >= {checks.NEAR_DUP_THRESHOLD} on word "
+                    f"{checks.SHINGLE_WORDS}-grams of the whole pair", near, extra={"groups": len(near_groups)}),
+    ]
+    if test_prompts is None:
+        results.append(CheckResult("test_leakage", True, "prompt also in --test (normalized)", {}, ran=False,
+                                   note="no --test file given"))
+    else:
+        leaked = checks.leaked_prompts(pairs, test_prompts)
+        results.append(CheckResult("test_leakage", True, "prompt also in --test (normalized)",
+                                   {i: "prompt is also a test prompt" for i in leaked}))
+    return results
+
+
+def _others(group: list[int], row: int, limit: int = 5) -> str:
+    others = [str(j) for j in group if j != row]
+    return ", ".join(others[:limit]) + (f" (+{len(others) - limit} more)" if len(others) > limit else "")
+
+
+def _encoder(tokenizer: Any) -> Any:
+    """A RewardScorer that only tokenizes: its rule (chat template, or plain text + eos) without
+    truncation, so the lengths are the real ones for the --max-length check."""
+    from alignctl.eval.scoring import RewardScorer
+
+    encoder = RewardScorer.__new__(RewardScorer)  # no model: encode() needs only these three
+    encoder.tokenizer, encoder.max_length, encoder.truncated = tokenizer, None, 0
+    return encoder
+
+
+def token_lengths(tokenizer: Any, convs: list[tuple[Messages, Messages, Messages]], progress: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(chosen reply tokens, rejected reply tokens, prompt+chosen tokens, prompt+rejected tokens)."""
+    encoder = _encoder(tokenizer)
+    reply_c, reply_r, full_c, full_r = [], [], [], []
+    for prompt, chosen, rejected in track(convs, "tokenizing pairs", enabled=None if progress else False):
+        for reply, reply_out, full_out in ((chosen, reply_c, full_c), (rejected, reply_r, full_r)):
+            text = reply[0]["content"] if reply else ""
+            reply_out.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+            full_out.append(len(encoder.encode(prompt, reply)) if prompt or reply else 0)
+    return tuple(np.asarray(v, dtype=np.int64) for v in (reply_c, reply_r, full_c, full_r))  # type: ignore[return-value]
+
+
+def length_checks(result: AuditResult, pairs: list[checks.PairText], lengths: tuple[np.ndarray, ...] | None,
+                  max_length: int) -> None:
+    """Length bias in characters (always) and tokens (with a tokenizer), and the --max-length check."""
+    chars_c = [len(p.chosen) for p in pairs]
+    chars_r = [len(p.rejected) for p in pairs]
+    result.length_bias["chars"] = checks.length_bias(chars_c, chars_r)
+    if lengths is None:
+        result.checks.append(CheckResult("too_long", False, f"prompt + reply > {max_length} tokens", {}, ran=False,
+                                         note="needs a tokenizer (--tokenizer or --reward-model)"))
+        return
+    reply_c, reply_r, full_c, full_r = lengths
+    result.length_bias["tokens"] = checks.length_bias(reply_c.tolist(), reply_r.tolist())
+    long_rows = checks.too_long(full_c.tolist(), full_r.tolist(), max_length)
+    result.checks.append(CheckResult(
+        "too_long", False, f"prompt + reply > {max_length} tokens (train-rm drops these)",
+        {i: f"{int(max(full_c[i], full_r[i]))} tokens" for i in long_rows}))
+
+
+def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
+                 lengths: tuple[np.ndarray, ...] | None, pairs: list[checks.PairText]) -> None:
+    """RM accuracy (overall, length-matched) and likely label errors; skipped without --reward-model."""
+    threshold = checks.LABEL_ERROR_PROBABILITY
+    if opts.reward_model is None:
+        result.checks.append(CheckResult("label_error", False, f"RM P(rejected better) >= {threshold}", {},
+                                         ran=False, note="needs --reward-model"))
+        return
+    from alignctl.eval.runner import resolve_device
+    from alignctl.eval.scoring import RewardScorer
+
+    scorable = [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
+                and r[0]["content"].strip()]
+    scorer = RewardScorer(opts.reward_model, device=resolve_device(opts.device), dtype="float32",
+                          batch_size=opts.rm_batch_size, max_length=None, normalize=False, progress=opts.progress)
+    try:
+        chosen = scorer.score([convs[i][:2] for i in scorable], "scoring chosen")
+        rejected = scorer.score([(convs[i][0], convs[i][2]) for i in scorable], "scoring rejected")
+    finally:
+        scorer.close()
+    if lengths is not None:
+        len_c, len_r = lengths[0][scorable], lengths[1][scorable]
+    else:
+        len_c = np.array([len(pairs[i].chosen) for i in scorable])
+        len_r = np.array([len(pairs[i].rejected) for i in scorable])
+    result.reward_model = {"path": opts.reward_model, "scored_pairs": len(scorable), "truncated": scorer.truncated,
+                           "length_unit": "tokens" if lengths is not None else "chars",
+                           **checks.rm_accuracy(chosen, rejected, len_c, len_r)}
+    prob = checks.rejected_probability(chosen, rejected)
+    flagged = {scorable[k]: f"P(rejected better) = {prob[k]:.3f}" for k in checks.label_errors(chosen, rejected, threshold)}
+    result.checks.append(CheckResult("label_error", False, f"RM P(rejected better) >= {threshold} "
+                                     "(sigmoid of the score difference; a given RM, not k-fold)", flagged))
+    result.scores = {scorable[k]: (float(chosen[k]), float(rejected[k])) for k in range(len(scorable))}
+
+
+def _load_tokenizer(opts: AuditOptions) -> Any:
+    from alignctl.models.loading import load_tokenizer
+
+    source = opts.tokenizer or opts.reward_model
+    return None if source is None else load_tokenizer(source, padding_side="right")
+
+
+def check_options(opts: AuditOptions) -> Path:
+    """Every refusal before any work: inputs, --max-length, the output folder. Returns --out."""
+    from alignctl.pipeline.ownership import check_output_dir
+
+    if opts.max_length < 1:
+        raise UserError(f"--max-length expected a positive number of tokens, got {opts.max_length}")
+    if opts.device not in ("auto", "cpu") and not opts.device.startswith("cuda"):
+        raise UserError(f"--device expected auto, cpu or cuda[:N], got {opts.device!r}")
+    inputs = [opts.data, *(p for p in (opts.test,) if p)]
+    for path in inputs:
+        if not Path(path).is_file():
+            raise UserError(f"{path}: {'preference data' if path == opts.data else '--test'} file not found")
+    out = Path(opts.out) if opts.out else default_out(opts.data)
+    check_output_dir(out, key="--out", overwrite=opts.overwrite, inputs=inputs)
+    return out
+
+
+def run_audit(opts: AuditOptions) -> AuditResult:
+    """Run every check that the options allow and write the report folder; returns the result."""
+    from alignctl.audit.report import write_report
+    from alignctl.pipeline.atomic import atomic_output_dir
+
+    out = check_options(opts)
+    pairs, convs = read_pairs(opts.data)
+    test_prompts = read_test_prompts(opts.test) if opts.test else None
+    result = AuditResult(data=opts.data, test=opts.test, rows=len(pairs), out=str(out), max_length=opts.max_length)
+    result.checks = cheap_checks(pairs, test_prompts, opts.progress)
+    tokenizer = _load_tokenizer(opts)
+    lengths = token_lengths(tokenizer, convs, opts.progress) if tokenizer is not None else None
+    length_checks(result, pairs, lengths, opts.max_length)
+    model_checks(result, opts, convs, lengths, pairs)
+    result.samples = {i: pairs[i] for i in result.flagged_rows()}
+    with atomic_output_dir(out, overwrite=opts.overwrite, kind="audit") as tmp:
+        write_report(result, tmp)
+    return result

@@ -1,0 +1,203 @@
+"""``alignctl audit`` (issue 17, item 3): each check on small planted files, and the CLI contract.
+
+Planted files come from ``scripts/audit_planted.py`` (``plant_faults`` / ``measure``), the same
+code that measures recall on the HH-RLHF pairs, applied to arith preference pairs (always) and to
+the HH pairs in ../shared/data (skipped when that folder is absent).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from alignctl.audit import AuditOptions, run_audit
+from alignctl.audit import checks
+from alignctl.audit.checks import PairText
+from conftest import REPO_ROOT, assert_user_error, run_cli
+
+
+def _planted_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("audit_planted", REPO_ROOT / "scripts" / "audit_planted.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+planted_lib = _planted_module()
+
+
+@pytest.fixture(scope="module")
+def arith(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from alignctl.config.preprocess import ArithConfig, PreprocessConfig
+    from alignctl.data.preprocess import run_preprocess
+
+    out = tmp_path_factory.mktemp("audit") / "arith"
+    run_preprocess(PreprocessConfig(dataset="arith", out=str(out), seed=0,
+                                    arith=ArithConfig(num_train=16, num_test=8, num_sft=16, num_pref=300)), progress=False)
+    return out
+
+
+def _outputs(folder: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    folder = Path(folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    flagged = [json.loads(line) for line in (folder / "flagged.jsonl").read_text().splitlines()]
+    return summary, flagged
+
+
+def _audit_planted(train: Path, test: Path, out: Path, **options: Any) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    frame, planted = planted_lib.plant_faults(pd.read_parquet(train), pd.read_parquet(test), seed=1)
+    data = out.parent / f"{out.name}.parquet"
+    frame.to_parquet(data)
+    run_audit(AuditOptions(data=str(data), test=str(test), out=str(out), **options))
+    summary, flagged = _outputs(out)
+    return summary, planted_lib.measure(summary, flagged, planted)
+
+
+def _assert_recall(scores: dict[str, dict[str, float]]) -> None:
+    for check in ("exact_duplicate", "identical", "test_leakage"):
+        assert scores[check]["planted"] > 0, check
+        assert scores[check]["recall"] >= 0.95, (check, scores[check])
+
+
+# ------------------------------------------------------------------------------ planted files
+
+
+def test_planted_arith_recall_and_length_bias(arith: Path, tmp_path: Path) -> None:
+    summary, scores = _audit_planted(arith / "pref_train.parquet", arith / "pref_test.parquet", tmp_path / "audit")
+    _assert_recall(scores)
+    assert scores["identical"]["precision"] == 1.0
+    assert summary["length_bias"]["chars"]["biased"] is True
+    assert summary["length_bias"]["chars"]["longer_share_of_unequal"] > 0.6
+    assert any("length bias" in w for w in summary["warnings"])
+    assert set(summary["blocking"]) >= {"identical", "exact_duplicate", "test_leakage"}
+    html = (tmp_path / "audit" / "report.html").read_text()
+    assert "exact_duplicate" in html and "Length bias" in html
+
+
+def test_planted_hh_recall(shared_data: Path, tmp_path: Path) -> None:
+    from alignctl.config.preprocess import PreprocessConfig
+    from alignctl.data.preprocess import run_preprocess
+
+    hh = tmp_path / "hh"
+    run_preprocess(PreprocessConfig(dataset="hh-rlhf", input=str(shared_data / "hh-rlhf-harmless" / "test.jsonl.gz"),
+                                    out=str(hh), seed=0, test_fraction=0.2, max_rows=600), progress=False)
+    summary, scores = _audit_planted(hh / "train.parquet", hh / "test.parquet", tmp_path / "audit")
+    _assert_recall(scores)
+    assert summary["length_bias"]["chars"]["biased"] is True
+
+
+def test_tokenizer_and_reward_model_checks(arith: Path, tmp_path: Path) -> None:
+    """A tiny char-level model as tokenizer and (untrained) RM: token lengths, --max-length, RM
+    accuracy on length-matched pairs and label errors all run and land in the outputs."""
+    from alignctl.models.tiny import init_model
+
+    model = tmp_path / "model"
+    init_model(out=model, tokenizer_from=[arith / "pref_train.parquet"], hidden=32, layers=1,
+               tokenizer_kind="char", seed=0)
+    result = run_audit(AuditOptions(data=str(arith / "pref_test.parquet"), reward_model=str(model), max_length=40,
+                                    out=str(tmp_path / "audit"), device="cpu"))
+    summary, flagged = _outputs(result.out)
+    assert "tokens" in summary["length_bias"]
+    assert summary["checks"]["too_long"]["ran"] and summary["checks"]["too_long"]["flagged"] > 0
+    assert summary["checks"]["label_error"]["ran"]
+    rm = summary["reward_model"]
+    assert rm["scored_pairs"] == result.rows and rm["pairs_length_matched"] > 0
+    label_rows = [r for r in flagged if any(x["check"] == "label_error" for x in r["reasons"])]
+    assert len(label_rows) == summary["checks"]["label_error"]["flagged"]
+    assert all(r["score_rejected"] > r["score_chosen"] for r in label_rows)
+
+
+# ------------------------------------------------------------------------------ pure checks
+
+
+def test_normalized_identical_and_exact_duplicates() -> None:
+    pairs = [PairText("Q one", "A", "B"), PairText("q  ONE ", "a", " b"), PairText("Q2", "Same", "same "),
+             PairText("Q3", "", "x")]
+    assert checks.exact_duplicate_groups(pairs) == [[0, 1]]
+    assert checks.identical_pairs(pairs) == [2]
+    assert checks.empty_fields(pairs) == {3: ["chosen"]}
+
+
+def test_near_duplicates_found_and_distinct_pairs_not() -> None:
+    base = "how do I bake a loaf of sourdough bread at home with a starter that is five days old"
+    reply = "mix flour water and salt then fold every half hour and bake it in a hot dutch oven for forty minutes"
+    pairs = [PairText(base, reply, "I do not know"), PairText(base + " please", reply, "I do not know"),
+             PairText("what is the capital of france", "paris is the capital", "london"),
+             PairText("name a prime number below ten", "seven is prime", "nine")]
+    assert checks.near_duplicate_groups(pairs) == [[0, 1]]
+    assert checks.near_duplicate_groups(pairs, skip={1}) == []
+
+
+def test_leakage_length_bias_long_pairs_and_label_errors() -> None:
+    pairs = [PairText("Hello  There", "a", "b"), PairText("other", "a", "b")]
+    assert checks.leaked_prompts(pairs, ["hello there", ""]) == [0]
+    bias = checks.length_bias([10, 10, 10, 5], [5, 5, 5, 5])
+    assert bias["chosen_longer"] == 0.75 and bias["equal"] == 0.25 and bias["biased"] is True
+    assert checks.length_bias([10, 5], [5, 10])["biased"] is False
+    assert checks.too_long([10, 50], [60, 20], 40) == [0, 1] and checks.too_long([10], [20], 40) == []
+    chosen, rejected = np.array([0.0, 0.0, 5.0]), np.array([3.0, 1.0, 0.0])
+    assert checks.label_errors(chosen, rejected) == [0]  # sigmoid(3) = 0.95; sigmoid(1) = 0.73
+    assert np.allclose(checks.rejected_probability(np.array([0.0, 800.0]), np.array([800.0, 0.0])), [1.0, 0.0])
+    acc = checks.rm_accuracy(np.array([1.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0]), [100, 10, 100], [95, 50, 10])
+    assert acc["accuracy_all"] == pytest.approx(1 / 3) and acc["pairs_length_matched"] == 1
+    assert acc["accuracy_length_matched"] == 1.0 and acc["accuracy_chosen_shorter"] == 0.0
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def test_cli_strict_exit_status_and_overwrite(arith: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    frame = pd.read_parquet(arith / "pref_train.parquet")
+    frame["rejected"] = [frame["chosen"][0], *frame["rejected"][1:]]  # one identical pair: a blocking problem
+    frame.to_parquet(tmp_path / "bad.parquet")
+    result = run_cli("audit", "bad.parquet", "--strict")
+    assert result.code == 1, result.stderr
+    assert "identical (1 rows)" in result.stderr and "identical" in result.stdout
+    assert (tmp_path / "audit" / "bad" / "summary.json").is_file()  # default --out
+    assert_user_error(run_cli("audit", "bad.parquet"), "--overwrite")
+    assert run_cli("audit", "bad.parquet", "--overwrite").code == 0  # not --strict: report only
+    clean = run_cli("audit", str(arith / "pref_test.parquet"), "--out", "clean", "--strict")
+    assert clean.code == 0, clean.stderr
+
+
+def test_cli_user_errors(arith: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(run_cli("audit", "missing.parquet"), "missing.parquet", "not found")
+    assert_user_error(run_cli("audit", str(arith / "train.parquet"), "--out", "o1"), "chosen", "RL prompt rows")
+    assert not (tmp_path / "o1").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--out", "mine", "--overwrite"),
+                      "not written by alignctl")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+    assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--max-length", "0", "--out", "o2"),
+                      "--max-length")
+    assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--test", "nope.parquet", "--out", "o3"),
+                      "nope.parquet")
+
+
+def test_read_pairs_strings_and_blank_messages(tmp_path: Path) -> None:
+    """Plain-string columns read like messages; a prompt of blank messages counts as empty."""
+    from alignctl.audit.runner import read_pairs
+
+    frame = pd.DataFrame({"prompt": ["Hi", "x"], "chosen": ["a", "b"], "rejected": ["c", "d"]})
+    frame.to_parquet(tmp_path / "strings.parquet")
+    texts, convs = read_pairs(str(tmp_path / "strings.parquet"))
+    assert texts[0] == PairText("user: Hi", "a", "c") and convs[0][1] == [{"role": "assistant", "content": "a"}]
+    blank = pd.DataFrame({"prompt": [[{"role": "user", "content": "  "}]], "chosen": [[{"role": "assistant", "content": "a"}]],
+                          "rejected": [[{"role": "assistant", "content": "b"}]]})
+    blank.to_parquet(tmp_path / "blank.parquet")
+    texts, _ = read_pairs(str(tmp_path / "blank.parquet"))
+    assert checks.empty_fields(texts) == {0: ["prompt"]}
