@@ -171,6 +171,8 @@ OUTPUT_CASES = [
     Case("preprocess_into_filesystem_root", ("preprocess", "arith", "--out", "/"), ("filesystem root",)),
     Case("sft_into_users_folder", ("sft", "model.path=$A/model", "data.train_files=[$A/arith/sft_train.parquet]",
                                    "output_dir=$W/mine"), ("output_dir", "not written by alignctl")),
+    Case("sft_nan_learning_rate", ("sft", "model.path=$A/model", "data.train_files=[$A/arith/sft_train.parquet]",
+                                   "optim.lr=nan", "output_dir=$W/sft"), ("optim.lr", "finite number")),
     Case("sft_model_missing", ("sft", "model.path=$W/nope", "data.train_files=[$A/arith/sft_train.parquet]",
                                "output_dir=$W/sft"), ("model.path", "does not exist")),
     Case("sft_data_missing_column", ("sft", "model.path=$A/model", "data.train_files=[$A/arith/train.parquet]",
