@@ -87,3 +87,31 @@ def test_read_metrics_errors_name_the_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"a": 1}\n')
     with pytest.raises(UserError, match=r"metrics.jsonl:1: expected an object with a numeric 'step'"):
         read_metrics(tmp_path)
+
+
+def test_monitor_alarms_mark_the_curves_instead_of_a_panel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An alarm logged by the training monitor (``monitor/alarm/<name>: 1`` at its step) is drawn
+    as a vertical line at that step on every curve panel, not as a panel of its own."""
+    from matplotlib.axes import Axes
+
+    from alignctl.eval import plots
+
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    for step, entropy in enumerate((2.0, 1.9, 0.1, 0.05), 1):
+        sink.log({"actor/entropy": entropy, "response_length/mean": 10.0, "monitor/unique_in_batch": 0.9,
+                  **({"monitor/alarm/entropy_collapse": 1.0} if step == 3 else {})}, step=step)
+    sink.close()
+    panels = panel_series(read_metrics(tmp_path))
+    assert [t for t, _ in panels][-1] == "Monitor alarms"
+    marked: list[tuple[float, str]] = []
+    real_axvline = Axes.axvline
+
+    def spy(ax, x, *args, **kwargs):
+        marked.append((x, kwargs.get("label")))
+        return real_axvline(ax, x, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "axvline", spy)  # a spy: the real line is still drawn
+    png = plots.training_curves(panels)
+    assert png.startswith(b"\x89PNG")
+    # three panels drawn (entropy, length, diversity), each marked once at step 3
+    assert marked == [(3.0, "alarm: entropy_collapse")] * 3

@@ -19,6 +19,7 @@ from alignctl.errors import UserError
 METRICS_FILE = "metrics.jsonl"
 
 Series = list[tuple[float, float]]  # (step, value)
+ALARM_PANEL = "Monitor alarms"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ PANELS = (
     Panel("Entropy", ("actor/entropy",)),
     Panel("Response length (tokens)", ("response_length/mean",)),
     Panel("Validation accuracy", pattern=r"^val-core/.+/acc/(mean|best|maj)@\d+$"),
+    Panel("Response diversity (monitor)", ("monitor/unique_in_batch", "monitor/dup_in_group")),
+    # Not drawn as a panel: each alarm's steps are marked on every other panel (plots.training_curves).
+    Panel(ALARM_PANEL, pattern=r"^monitor/alarm/.+$"),
 )
 
 

@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 
-from alignctl.eval.curves import Series
+from alignctl.eval.curves import ALARM_PANEL, Series
 
 POLICY_COLOR = "#2563eb"
 REFERENCE_COLOR = "#f59e0b"
@@ -81,14 +81,25 @@ def _draw_panel(ax: object, group: dict[str, Series]) -> None:
                 linewidth=1.4, label=key, linestyle="--" if key == "reward/p50" else "-")
 
 
+def _mark_alarms(ax: object, alarms: dict[str, Series]) -> None:
+    """A dotted vertical line at every step where the training monitor raised an alarm."""
+    for i, (key, points) in enumerate(sorted(alarms.items())):
+        for j, (step, _) in enumerate(points):
+            ax.axvline(step, color="#c0392b", linestyle=":", linewidth=1.2,  # type: ignore[attr-defined]
+                       label=f"alarm: {key.rsplit('/', 1)[-1]}" if j == 0 else None, alpha=0.6 + 0.1 * (i % 4))
+
+
 def training_curves(panels: list[tuple[str, dict[str, Series]]]) -> bytes:
-    """One small panel per group of run metrics, two columns."""
+    """One small panel per group of run metrics, two columns; monitor alarms mark every panel."""
+    alarms = {k: v for title, group in panels if title == ALARM_PANEL for k, v in group.items()}
+    panels = [(title, group) for title, group in panels if title != ALARM_PANEL]
     cols = 2 if len(panels) > 1 else 1
     rows = -(-len(panels) // cols)
     fig = _figure(6.4 * cols / 1.4, 2.6 * rows)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False).ravel())  # type: ignore[attr-defined]
     for ax, (title, group) in zip(axes, panels):
         _draw_panel(ax, group)
+        _mark_alarms(ax, alarms)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
