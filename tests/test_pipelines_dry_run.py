@@ -47,6 +47,13 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "sft": ("sft", ["base_model", "data"]),
         "grpo": ("grpo", ["data", "sft"]),
     },
+    "smollm2_grpo.yaml": {
+        "base_model": ("import-model", []),
+        "data": ("preprocess", []),
+        "sft": ("sft", ["base_model", "data"]),
+        "grpo": ("grpo", ["data", "sft"]),
+        "eval": ("eval", ["data", "grpo", "sft"]),
+    },
     "gsm8k_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
     "gsm8k_ppo.yaml": {"data": ("preprocess", []), "ppo": ("ppo", ["data"]), "eval": ("eval", ["data", "ppo"])},
     "math_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},

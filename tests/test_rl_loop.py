@@ -33,6 +33,20 @@ def ray_session():
     ray.shutdown()
 
 
+def test_workers_are_not_niced():
+    """Ray starts workers at niceness 15; alignctl's workers do all the training, so on a CPU shared
+    with any other process they got a fraction of their cores."""
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)
+
+
 ESTIMATORS = ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk"]
 
 

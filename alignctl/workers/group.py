@@ -295,6 +295,10 @@ _LOCAL_SESSIONS: list[Path] = []
 _CLEANUP_AT_EXIT: list[bool] = []  # non-empty once shutdown_ray is registered with atexit
 
 
+# Settings of a local Ray cluster (see init_ray).
+RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False, "worker_niceness": 0}
+
+
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Connect to a cluster (``address``) or start a small local one, quietly.
 
@@ -309,8 +313,10 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
                  object_store_memory=512 * 1024 * 1024, configure_logging=True, logging_level="ERROR",
                  _node_ip_address=LOOPBACK,
-                 # the agent's Prometheus exporter: an unauthenticated HTTP port nobody reads here
-                 _system_config={"enable_metrics_collection": False})
+                 # the agent's Prometheus exporter: an unauthenticated HTTP port nobody reads here;
+                 # Ray starts workers at niceness 15, and here the workers do all the training and
+                 # generation: on a CPU shared with anything else they got a fraction of their cores
+                 _system_config=RAY_SYSTEM_CONFIG)
     _remember_session()
 
 
