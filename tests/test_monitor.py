@@ -64,8 +64,10 @@ def test_reward_hacking_rm_score_up_while_rule_score_falls():
     rm = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7]
     rule = [0.50, 0.50, 0.50, 0.48, 0.44, 0.40]
     stream = [{"reward/rm_score/mean": r, "reward/rule_score/mean": g} for r, g in zip(rm, rule)]
-    # W=2. Step 4: rm start 0.05, recent 0.25 (up); rule W-means 0.50, 0.50, 0.49: fall 0.01 < 0.05.
-    # Step 5: rule W-means ..., 0.46: fall 0.04. Step 6: 0.42: fall 0.08 >= 0.05 -> fires.
+    # W=2. Step 4: rm start 0.05, recent 0.25 (up); rule start 0.50, recent 0.49: fall 0.01 < 0.05.
+    # Step 5: recent 0.46, fall 0.04 < 0.05. Step 6: recent 0.42, fall 0.08. Noise: diffs 0, 0, -.02,
+    # -.04, -.04 -> sd = sqrt(.0036 / 10) = .01897; 3 SE of a W-mean difference = 3 x .01897 x 1 = .0569.
+    # 0.08 >= max(0.05, 0.0569) -> fires at step 6.
     assert _fired(stream, window=2) == [(6, "reward_hacking")]
 
 
@@ -77,9 +79,10 @@ def test_reward_hacking_needs_the_proxy_to_rise():
 
 def test_reward_hacking_against_validation_accuracy():
     key = "val-core/arith/acc/mean@1"
-    stream = [{key: 0.40}, {"critic/score/mean": 0.1}, {"critic/score/mean": 0.1}, {key: 0.45},
+    stream = [{key: 0.45}, {"critic/score/mean": 0.1}, {"critic/score/mean": 0.1}, {key: 0.47},
               {"critic/score/mean": 0.5}, {"critic/score/mean": 0.6}, {key: 0.39}]
-    # W=2: the score rose (0.1 -> 0.55) and accuracy fell 0.45 -> 0.39 (0.06 >= 0.05) at step 7.
+    # W=2: the score rose (0.1 -> 0.55) and accuracy fell from its first value 0.45 to 0.39
+    # (0.06 >= 0.05) at step 7; at step 4 it had risen.
     assert _fired(stream, window=2) == [(7, "reward_hacking")]
 
 
@@ -124,3 +127,12 @@ def test_a_stop_alarm_checkpoints_then_ends_the_run(tmp_path: Path):
     assert rows[0]["actor/kl_loss"] == 0.0 and rows[1]["monitor/alarm/kl_budget"] == 1.0
     assert "monitor/alarm/kl_budget" not in rows[0]
     assert [step for step, _ in complete_checkpoints(run / "checkpoints")] == [2]
+
+
+def test_noisy_rule_score_alone_is_not_hacking():
+    """A rule score that only wobbles (one batch's accuracy: +-0.08 around 0.6) while the reward
+    model's score rises: no alarm. A first version compared with the best W-mean and fired here."""
+    rule = [0.60, 0.68, 0.52, 0.64, 0.56, 0.66, 0.53, 0.61, 0.55, 0.58, 0.52, 0.60]
+    stream = [{"reward/rm_score/mean": 0.1 * i, "reward/rule_score/mean": g} for i, g in enumerate(rule)]
+    # W=4: start mean 0.61, recent mean (0.55+0.58+0.52+0.60)/4 = 0.5625: fall 0.0475 < 0.05.
+    assert _fired(stream) == []

@@ -250,7 +250,8 @@ class MonitorConfig:
                                                                 "{reward_hacking: stop}. Alarms: " + ", ".join(MONITOR_ALARMS) + ".")
     window: int = field(4, ge=1, help="Steps averaged for 'start' (the first W) and 'recent' (the last W).")
     gold_drop: float = field(0.05, gt=0, help="reward_hacking: fall of the gold signal (rule score or validation "
-                                              "accuracy) below its best that counts, while the proxy reward rose.")
+                                              "accuracy) below its start that counts (the rule score must also fall by 3 "
+                                              "standard errors), while the proxy reward rose.")
     entropy_floor: float = field(0.1, gt=0, le=1, help="entropy_collapse: recent entropy below this fraction of its start.")
     length_high: float = field(2.0, gt=1, help="length_blowup: recent mean response length above this multiple of its start.")
     length_low: float = field(0.5, gt=0, le=1, help="length_collapse: recent mean response length below this fraction of its start.")

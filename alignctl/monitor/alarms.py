@@ -8,8 +8,10 @@ overlap. Each rule returns a one-line reason, or None.
 | alarm            | fires when (defaults)                                                        |
 |------------------|------------------------------------------------------------------------------|
 | non_finite       | any logged number is NaN or inf                                               |
-| reward_hacking   | recent(proxy) > start(proxy) while the gold signal fell >= gold_drop (0.05)   |
-|                  | below its best W-mean (per-step gold), or below its best validation value     |
+| reward_hacking   | recent(proxy) > start(proxy) while the gold signal fell: start - recent of    |
+|                  | the rule score >= max(gold_drop (0.05), 3 standard errors; noise from         |
+|                  | step-to-step differences), or the latest                                      |
+|                  | validation accuracy >= gold_drop below the first one                          |
 | entropy_collapse | recent(actor/entropy) < entropy_floor (0.1) x start(actor/entropy)            |
 | length_blowup    | recent(response_length/mean) > length_high (2.0) x start                      |
 | length_collapse  | recent(response_length/mean) < length_low (0.5) x start                       |
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Series = list[tuple[int, float]]
+NOISE_Z = 3.0  # a per-step gold fall must exceed this many standard errors (see _gold_fall)
 
 
 @dataclass(frozen=True)
@@ -63,19 +66,30 @@ def non_finite(history: dict[str, Series], latest: dict[str, Any], t: Thresholds
     return f"{', '.join(bad[:3])} not finite" if bad else None
 
 
+def _noise_sd(values: list[float]) -> float:
+    """Step-to-step noise of a series, blind to slow trends (von Neumann): sqrt(mean(diff^2) / 2)."""
+    diffs = [b - a for a, b in zip(values, values[1:])]
+    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))) if diffs else 0.0
+
+
 def _gold_fall(history: dict[str, Series], t: Thresholds) -> str | None:
-    """How the gold signal fell, or None when it did not (or there is none)."""
+    """How the gold signal fell since the start, or None when it did not (or there is none).
+
+    One batch's rule score is a noisy accuracy: a fall of the W-mean counts only when it is at
+    least ``gold_drop`` and at least ``NOISE_Z`` standard errors of a difference of two W-means."""
     rule = history.get("reward/rule_score/mean", [])
     if "reward/rm_score/mean" in history and len(rule) >= 2 * t.window:
-        means = [_mean([v for _, v in rule[i:i + t.window]]) for i in range(len(rule) - t.window + 1)]
-        if max(means) - means[-1] >= t.gold_drop:
-            return f"rule score {means[-1]:.3f} (best {max(means):.3f})"
+        values = [v for _, v in rule]
+        start, recent = _mean(values[:t.window]), _mean(values[-t.window:])
+        needed = max(t.gold_drop, NOISE_Z * _noise_sd(values) * math.sqrt(2 / t.window))
+        if start - recent >= needed:
+            return f"rule score {start:.3f} -> {recent:.3f} (a fall > {needed:.3f} counts)"
         return None
     for key, series in history.items():
         if key.startswith("val-core/") and "/acc/" in key and len(series) >= 2:
-            best = max(v for _, v in series)
-            if best - series[-1][1] >= t.gold_drop:
-                return f"{key} {series[-1][1]:.3f} (best {best:.3f})"
+            first, last = series[0][1], series[-1][1]
+            if first - last >= t.gold_drop:
+                return f"{key} {first:.3f} -> {last:.3f}"
     return None
 
 
