@@ -19,7 +19,6 @@ import yaml
 
 from alignctl.config.core import read_yaml_mapping
 from alignctl.data.rl_dataset import read_prompt_files
-from alignctl.errors import UserError
 from alignctl.pipeline.runner import load, run_pipeline
 from alignctl.pipeline.spec import PipelineSpec
 from conftest import REPO_ROOT, SHARED_DATA, run_cli
