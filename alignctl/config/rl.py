@@ -8,6 +8,7 @@ alignctl implements exist here; an unknown key is an error, never silently ignor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from alignctl.config.core import field, section
 from alignctl.errors import UserError
@@ -291,6 +292,11 @@ class TrainerConfig:
     balance_batch: bool = field(True, help="Reorder each batch so workers get equal token counts.")
     seed: int = field(1, help="Seed of model init, sampling and shuffles.")
     ray_address: str | None = field(None, help="Ray cluster address (default: start a local one).")
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        """The run folder: ``run_dir``, else ``default_local_dir/experiment_name`` (``~`` expanded)."""
+        return Path(self.run_dir or Path(self.default_local_dir) / self.experiment_name).expanduser()
 
 
 @dataclass

@@ -298,9 +298,8 @@ def _write_atomically(out: Path, overwrite: bool, write: Any) -> None:
     replaces a folder alignctl did not write (see alignctl.pipeline.ownership)."""
     from alignctl.pipeline.atomic import atomic_output_dir
 
-    if out.exists() and not overwrite and not (out.is_dir() and not any(out.iterdir())):
-        raise UserError(f"output folder '{out}' already exists; expected a new path (or pass overwrite)")
-    with atomic_output_dir(out, kind="model") as tmp:
+    # init_model refused an existing ``out`` without overwrite before training the tokenizer
+    with atomic_output_dir(out, overwrite=overwrite, kind="model") as tmp:
         write(tmp)
 
 

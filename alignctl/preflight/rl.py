@@ -20,11 +20,6 @@ from alignctl.preflight.stages import check_python_function
 from alignctl.trainers.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints
 
 
-def run_dir_of(cfg: RLConfig) -> Path:
-    trainer = cfg.trainer
-    return Path(trainer.run_dir or Path(trainer.default_local_dir) / trainer.experiment_name).expanduser()
-
-
 def _check_resume_path(cfg: RLConfig) -> None:
     mode = cfg.trainer.resume_mode
     if mode in ("auto", "disable"):
@@ -36,7 +31,7 @@ def _check_resume_path(cfg: RLConfig) -> None:
 
 def check_run_dir(cfg: RLConfig, ctx: Context, inputs: list[str]) -> None:
     """Refuse a run folder that belongs to the user, or an earlier run that would be overwritten."""
-    run_dir = run_dir_of(cfg)
+    run_dir = cfg.trainer.resolved_run_dir
     key = "trainer.run_dir" if cfg.trainer.run_dir else "trainer.default_local_dir/experiment_name"
     if not run_dir.is_dir() or is_empty_dir(run_dir) or not is_owned(run_dir):
         check_output_dir(run_dir, key=key, overwrite=ctx.overwrite, inputs=inputs)

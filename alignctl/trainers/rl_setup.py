@@ -48,7 +48,7 @@ def build_components(cfg: RLConfig) -> RLComponents:
     total = cfg.trainer.total_training_steps or loader.steps_per_epoch * cfg.trainer.total_epochs
     if total < 1:
         raise UserError("trainer.total_training_steps / total_epochs give no training step")
-    run_dir = Path(cfg.trainer.run_dir or Path(cfg.trainer.default_local_dir) / cfg.trainer.experiment_name).expanduser()
+    run_dir = cfg.trainer.resolved_run_dir
     return RLComponents(tokenizer, train, val, loader, total, RewardComputer(cfg, tokenizer), run_dir)
 
 
