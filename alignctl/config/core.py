@@ -279,8 +279,8 @@ def _check_choices(obj: Any, prefix: str, origin: _Origin) -> None:
 
 
 def _within(value: float, ge: float | None, gt: float | None, le: float | None) -> bool:
-    return ((ge is None or value >= ge) and (gt is None or value > gt) and (le is None or value <= le)
-            and value == value)  # NaN is never within bounds
+    # NaN never gets here: _coerce refuses non-finite numbers before bounds are checked
+    return (ge is None or value >= ge) and (gt is None or value > gt) and (le is None or value <= le)
 
 
 def describe_bounds(ge: float | None, gt: float | None, le: float | None) -> str:

@@ -77,10 +77,9 @@ def _ground_truth(cell: Any) -> Any:
     return cell.get("ground_truth") if isinstance(cell, dict) else None
 
 
-def check_rl_prompts(files: list[str], key: str, ctx: Context, *, prompt_key: str, needs_ground_truth: bool,
-                     default_scorer: bool) -> None:
-    """RL prompt parquet (preprocess output): prompts present and non-empty; when the rule scorer
-    is used, every row has a ground truth and a data_source it knows."""
+def check_rl_prompts(files: list[str], key: str, ctx: Context, *, prompt_key: str, default_scorer: bool) -> None:
+    """RL prompt parquet (preprocess output): prompts present and non-empty; when the default rule
+    scorer is used, every row has a ground truth and a data_source it knows."""
     for name in files:
         path = check_file(name, key, ctx)
         if path is None:
@@ -95,12 +94,12 @@ def check_rl_prompts(files: list[str], key: str, ctx: Context, *, prompt_key: st
         rows = _read_table(path, key, wanted).to_pylist()
         if not rows:
             raise UserError(f"{key} {name}: no rows; expected RL prompts")
-        _check_rows(rows, name, prompt_key, needs_ground_truth and default_scorer, default_scorer, "reward_model" in columns)
+        _check_rows(rows, name, prompt_key, default_scorer, "reward_model" in columns)
 
 
-def _check_rows(rows: list[dict[str, Any]], name: str, prompt_key: str, needs_ground_truth: bool,
-                default_scorer: bool, has_reward_column: bool) -> None:
-    if needs_ground_truth and not has_reward_column:
+def _check_rows(rows: list[dict[str, Any]], name: str, prompt_key: str, default_scorer: bool,
+                has_reward_column: bool) -> None:
+    if default_scorer and not has_reward_column:
         raise UserError(f"{name}: no 'reward_model' column, so no ground truth: the rule reward would be 0 for "
                         f"every response; add reward_model.ground_truth, or set custom_reward_function.path or "
                         f"a reward model")
@@ -111,7 +110,7 @@ def _check_rows(rows: list[dict[str, Any]], name: str, prompt_key: str, needs_gr
                             f"expected chat messages [{{role, content}}, ...] (as 'alignctl preprocess' writes)")
         if not _prompt_text(row.get(prompt_key)).strip():
             raise UserError(f"{name} row {i}: empty prompt in column {prompt_key!r}; expected prompt text")
-        if needs_ground_truth:
+        if default_scorer:
             truth = _ground_truth(row.get("reward_model"))
             if truth is None or not str(truth).strip():
                 raise UserError(f"{name} row {i}: reward_model.ground_truth is missing, so the rule reward is 0 "

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from alignctl.errors import UserError
-from alignctl.models.loading import looks_local
+from alignctl.models.loading import TOKENIZER_FILES, looks_local
 from alignctl.preflight.context import Context
 
 Kind = Literal["causal", "reward", "critic", "tokenizer"]
 _HUB_TIMEOUT_S = 5.0
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def _architectures(folder: Path, key: str) -> list[str]:
@@ -33,8 +32,8 @@ def _architectures(folder: Path, key: str) -> list[str]:
 def _check_kind(folder: Path, key: str, kind: Kind) -> None:
     """The architecture recorded in config.json suits the role."""
     if kind == "tokenizer":
-        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-            raise UserError(f"{key} {folder}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); expected a "
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise UserError(f"{key} {folder}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); expected a "
                             f"Hugging Face model or tokenizer folder")
         return
     if not (folder / "config.json").is_file():
@@ -99,10 +98,3 @@ def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal",
     if needs_tokenizer and kind != "tokenizer" and not any(folder.glob("*.gguf")):
         _check_kind(folder, key, "tokenizer")
 
-
-def config_of(path: str) -> dict[str, Any]:
-    """A model folder's config.json as a dict ({} when absent)."""
-    try:
-        return json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}

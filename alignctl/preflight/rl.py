@@ -46,12 +46,13 @@ def check_run_dir(cfg: RLConfig, ctx: Context, inputs: list[str]) -> None:
                         f"(its metrics are replaced), or choose a new run folder")
 
 
-def _reward_needs(cfg: RLConfig) -> tuple[bool, bool]:
-    """(rule scores are used, the default data_source scorer is used)."""
+def _default_scorer_used(cfg: RLConfig, key: str) -> bool:
+    """Whether rows of ``key`` are scored by the default data_source scorer (which needs a ground
+    truth): not with a custom reward function, and for training not when the reward model alone
+    scores (rule_weight 0); validation always scores with the rules (accuracy)."""
     rm = cfg.reward_model
-    rules = not (rm.enable and rm.rule_weight == 0)
-    default = rules and not cfg.custom_reward_function.path
-    return rules, default
+    rules = key == "data.val_files" or not (rm.enable and rm.rule_weight == 0)
+    return rules and not cfg.custom_reward_function.path
 
 
 def check_rl(cfg: RLConfig, ctx: Context) -> None:
@@ -70,12 +71,9 @@ def check_rl(cfg: RLConfig, ctx: Context) -> None:
     if dataset.path:
         check_python_function(dataset.path, dataset.name, "data.custom_cls.path", ctx)
     else:
-        rules, default = _reward_needs(cfg)
         for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-            # validation scores with the rules only (accuracy), so its rows always need a ground truth
-            needs = rules or key == "data.val_files"
-            check_rl_prompts(files, key, ctx, prompt_key=cfg.data.prompt_key, needs_ground_truth=needs,
-                             default_scorer=default or (key == "data.val_files" and not custom.path))
+            check_rl_prompts(files, key, ctx, prompt_key=cfg.data.prompt_key,
+                             default_scorer=_default_scorer_used(cfg, key))
     _check_resume_path(cfg)
     if ctx.outputs:
         inputs = [p for p in (arr.model.path, cfg.critic.model.path, cfg.reward_model.model.path,
