@@ -76,12 +76,16 @@ class TensorboardSink:
 
 
 class WandbSink:
-    def __init__(self, project: str, name: str, config: dict[str, Any]) -> None:
+    """A wandb run whose local files live in the run folder (``<run>/wandb``), not in the current
+    folder; ``WANDB_MODE=offline`` keeps everything local (``wandb sync`` uploads it later)."""
+
+    def __init__(self, folder: Path, project: str, name: str, config: dict[str, Any]) -> None:
         try:
             import wandb
         except ImportError:
             raise UserError("trainer.logger includes 'wandb' but it is not installed: pip install 'alignctl[wandb]'") from None
-        self.run = wandb.init(project=project, name=name, config=config)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(folder))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -107,7 +111,7 @@ class Tracker:
         if "tensorboard" in loggers:
             sinks.append(TensorboardSink(run_dir / "tensorboard"))
         if "wandb" in loggers:
-            sinks.append(WandbSink(project, name, config))
+            sinks.append(WandbSink(run_dir, project, name, config))
         return cls(sinks)
 
     def log(self, metrics: dict[str, float], step: int) -> None:

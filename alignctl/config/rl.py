@@ -234,6 +234,10 @@ class AlgorithmConfig:
     kl_penalty: str = field("kl", help="KL estimator in the reward (kl/k1, abs, mse/k2, low_var_kl/k3).")
     kl_ctrl: KLControl = section(KLControl, help="KL-in-reward coefficient controller.")
     filter_groups: FilterGroups = section(FilterGroups, help="DAPO dynamic sampling.")
+    plugins: list[str] = field(default_factory=list, help="Modules (my_pkg.losses) or .py files imported in the "
+                                                          "controller and every worker before the registries are read: "
+                                                          "they register estimators and losses (docs/customize.md). "
+                                                          "Installed 'alignctl.plugins' entry points load too.")
 
 
 MONITOR_ALARMS = ("non_finite", "reward_hacking", "entropy_collapse", "length_blowup", "length_collapse",
@@ -314,10 +318,15 @@ class RLConfig:
 
     def _check_registries(self) -> None:
         from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
+        from alignctl.plugins import load_plugins, normalize_plugins, where_plugins_come_from
 
+        # Absolute file paths, so that workers (other folders, other nodes) import the same files.
+        self.algorithm.plugins = normalize_plugins(self.algorithm.plugins)
+        load_plugins(self.algorithm.plugins)
         estimator = self.algorithm.adv_estimator
         if estimator not in ADV_ESTIMATORS:
-            raise UserError(f"key 'algorithm.adv_estimator' expected one of {', '.join(ADV_ESTIMATORS)}, got {estimator!r}")
+            raise UserError(f"key 'algorithm.adv_estimator' expected one of {', '.join(ADV_ESTIMATORS)}, got "
+                            f"{estimator!r}; {where_plugins_come_from(self.algorithm.plugins)}")
         from alignctl.algos.kl import KL_PENALTY_KINDS
 
         for key, kind in (("actor_rollout_ref.actor.kl_loss_type", self.actor_rollout_ref.actor.kl_loss_type),
@@ -327,7 +336,7 @@ class RLConfig:
         loss = self.actor_rollout_ref.actor.policy_loss.loss_mode
         if loss not in POLICY_LOSSES:
             raise UserError(f"key 'actor_rollout_ref.actor.policy_loss.loss_mode' expected one of "
-                            f"{', '.join(POLICY_LOSSES)}, got {loss!r}")
+                            f"{', '.join(POLICY_LOSSES)}, got {loss!r}; {where_plugins_come_from(self.algorithm.plugins)}")
 
     @property
     def use_critic(self) -> bool:

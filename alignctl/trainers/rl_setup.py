@@ -13,6 +13,7 @@ from alignctl.config.rl import RLConfig
 from alignctl.data.rl_dataset import PromptLoader, RLPromptDataset, load_dataset_class
 from alignctl.errors import UserError
 from alignctl.models.loading import load_tokenizer
+from alignctl.plugins import import_roots
 from alignctl.trainers.reward import RewardComputer
 from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup, init_ray
 
@@ -75,4 +76,4 @@ def start_workers(cfg: RLConfig, total_steps: int) -> WorkerGroup:
     if cfg.reward_model.enable:
         roles.append(RoleSpec("rm", "alignctl.workers.reward_model:RewardModelWorker", {"config": config}))
     pool = ResourcePool(world, cpus=cpus, gpus=1 if device == "cuda" else 0)
-    return WorkerGroup(pool, roles)
+    return WorkerGroup(pool, roles, import_paths=import_roots(cfg.algorithm.plugins))

@@ -177,8 +177,13 @@ class ResourcePool:
 class WorkerGroup:
     """``world_size`` fused worker processes in one placement group and one process group."""
 
-    def __init__(self, pool: ResourcePool, roles: list[RoleSpec]) -> None:
+    def __init__(self, pool: ResourcePool, roles: list[RoleSpec], *, import_paths: list[str] | None = None) -> None:
+        """``import_paths``: folders prepended to the workers' Python path (where the controller
+        found plugin modules; a worker starts with its working folder and site-packages only)."""
         self.pool = pool
+        env = dict(WORKER_ENV)
+        if import_paths:
+            env["PYTHONPATH"] = os.pathsep.join([*import_paths, *filter(None, [os.environ.get("PYTHONPATH")])])
         bundle = {"CPU": pool.cpus, **({"GPU": pool.gpus} if pool.gpus else {})}
         self._pg: PlacementGroup = placement_group([dict(bundle) for _ in range(pool.world_size)],
                                                    strategy="PACK", name=pool.name)
@@ -189,7 +194,7 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=pool.cpus, num_gpus=pool.gpus, name=f"{pool.name}-rank{rank}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, rank),
-                runtime_env={"env_vars": WORKER_ENV},
+                runtime_env={"env_vars": env},
             ).remote(rank, pool.world_size, device, pool.cpus)
             for rank in range(pool.world_size)
         ]
