@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from alignctl.console import console
 from alignctl.errors import UserError
 from alignctl.eval import evaluate  # noqa: F401  (re-exported)
 from alignctl.trainers.reward_model import RewardModelTrainer  # noqa: F401  (re-exported)
@@ -76,18 +77,50 @@ class PPOConfig:
         return keys | dict(self.extra)
 
 
-def _dataset_files(data: Any, scratch: Path) -> list[str]:
-    """Parquet path(s), a pandas DataFrame or a datasets.Dataset -> parquet files."""
+def _dataset_files(data: Any, scratch: Path, what: str = "train_dataset") -> list[str]:
+    """Parquet path(s), a pandas DataFrame, a ``datasets.Dataset``, a list of row dicts (the
+    preprocess schema), or a list of prompts (strings or chat message lists) -> parquet files."""
     if isinstance(data, (str, Path)):
         return [str(data)]
-    if isinstance(data, (list, tuple)) and all(isinstance(d, (str, Path)) for d in data):
+    if isinstance(data, (list, tuple)) and data and all(isinstance(d, (str, Path)) for d in data) \
+            and all(str(d).endswith(".parquet") for d in data):
         return [str(d) for d in data]
+    scratch.mkdir(parents=True, exist_ok=True)
     path = scratch / "train.parquet"
+    if isinstance(data, (list, tuple)):
+        data = _rows_frame(list(data), what)
     if hasattr(data, "to_parquet"):  # pandas and datasets both have it
         data.to_parquet(str(path))
         return [str(path)]
-    raise UserError(f"train_dataset: expected parquet path(s), a pandas DataFrame or a datasets.Dataset, "
-                    f"got {type(data).__name__}")
+    raise UserError(f"{what}: expected parquet path(s), a pandas DataFrame, a datasets.Dataset, a list of row "
+                    f"dicts or a list of prompts, got {type(data).__name__}")
+
+
+def _rows_frame(items: list[Any], what: str) -> Any:
+    """Row dicts as they are; plain prompts become rows with chat messages and no ground truth."""
+    import pandas as pd
+
+    if not items:
+        raise UserError(f"{what}: the list is empty; expected at least one prompt")
+    if all(isinstance(item, dict) for item in items):
+        return pd.DataFrame(items)
+    rows = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            messages = [{"role": "user", "content": item}]
+        elif isinstance(item, (list, tuple)) and item and all(isinstance(m, dict) and "content" in m for m in item):
+            messages = [dict(m) for m in item]
+        else:
+            raise UserError(f"{what}[{i}]: expected a prompt string, a list of chat messages or a row dict, "
+                            f"got {type(item).__name__}")
+        rows.append({"data_source": "python", "prompt": messages})
+    return pd.DataFrame(rows)
+
+
+def _has_ground_truth(files: list[str]) -> bool:
+    import pyarrow.parquet as pq
+
+    return all("reward_model" in pq.read_schema(f).names for f in files if Path(f).is_file())
 
 
 class RLHFTrainer:
@@ -98,9 +131,12 @@ class RLHFTrainer:
         self.config = config
         self.scratch = Path(tempfile.mkdtemp(prefix="alignctl-api-"))
         self.train_files = _dataset_files(train_dataset, self.scratch)
-        self.val_files = _dataset_files(eval_dataset, self.scratch / "val") if eval_dataset is not None else []
+        self.val_files = _dataset_files(eval_dataset, self.scratch / "val", "eval_dataset") if eval_dataset is not None else []
         self.workers = num_gpus or num_workers
-        self.device = "cuda" if num_gpus else "cpu"
+        self.device = "cuda" if num_gpus and _cuda_available() else "cpu"
+        if num_gpus and self.device == "cpu":
+            console.print(f"[bold yellow]warning:[/] num_gpus={num_gpus} but no CUDA device is visible: training "
+                          f"on the CPU with {num_gpus} worker processes")
         self.reward_fn = reward_fn
         self.result: Any = None
 
@@ -108,7 +144,11 @@ class RLHFTrainer:
         from alignctl.config import load_config
         from alignctl.config.rl import RLConfig
 
-        keys = self.config.overrides() | {
+        extra: dict[str, Any] = {}
+        if self.config.reward_model and self.reward_fn is None and not _has_ground_truth(self.train_files) \
+                and "reward_model.rule_weight" not in self.config.extra:
+            extra["reward_model.rule_weight"] = 0.0  # prompts without answers: the reward model alone scores
+        keys = self.config.overrides() | extra | {
             "data.train_files": self.train_files, "data.val_files": self.val_files,
             "trainer.total_training_steps": steps, "trainer.n_gpus_per_node": self.workers,
             "trainer.device": self.device, "trainer.val_before_train": bool(self.val_files)}
@@ -122,7 +162,8 @@ class RLHFTrainer:
 
         steps = max(1, math.ceil(num_episodes / self.config.batch_size))
         cfg = self._rl_config(steps)
-        preflight(cfg, overwrite=True)  # the API replaces its own earlier run, never a folder of the user's
+        # The API replaces its own earlier run, never a folder of the user's.
+        preflight(cfg, overwrite=True, python_scorer=self.reward_fn is not None)
         trainer = create_trainer(cfg)
         if self.reward_fn is not None:  # runs on the controller, so any Python callable works
             trainer.parts.reward.manager.compute_score = self.reward_fn
@@ -138,3 +179,9 @@ class RLHFTrainer:
         with atomic_output_dir(dest, kind="model") as tmp:  # refuses a folder alignctl did not write
             shutil.copytree(self.result.policy_dir, tmp, dirs_exist_ok=True)
         return dest
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

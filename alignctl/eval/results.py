@@ -77,8 +77,24 @@ class EvalResults:
                         out[f"{prefix}/{source}/{name}"] = value
         return out
 
+    def __str__(self) -> str:
+        """The headline numbers as a two-column text table (``print(results)``)."""
+        rows = self.headline()
+        width = max(len(key) for key in rows)
+        reference = self.config.get("reference") or "none"
+        lines = [f"EvalResults: {self.num_prompts} prompts x {self.n}, policy {self.config.get('policy')}, "
+                 f"reference {reference}"]
+        lines += [f"  {key:<{width}}  {_number(value)}" for key, value in rows.items()]
+        return "\n".join(lines)
+
+    __repr__ = __str__  # the dataclass repr would print every sample
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (non-finite floats become strings, paths strings)."""
         data = dataclasses.asdict(self)
         data["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
         return jsonable(data)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.4f}"

@@ -243,7 +243,14 @@ def evaluate(model: str | os.PathLike[str], prompts: Any, reward_model: str | os
 
     ``prompts``: an RL prompt parquet path, a DataFrame of such rows, or a list of strings /
     message lists. Other keywords are eval config keys (``max_new_tokens``, ``temperature``,
-    ``seed``, ``preference_data``, ``run``, ...). With ``out`` the report files are written there."""
+    ``seed``, ``preference_data``, ``run``, ...). With ``out`` the report files are written there.
+
+    With a ``reward_model`` and no ``reference``, the reference is the model ``model`` started
+    from, as its manifest records it (an RL policy's initial actor, an SFT model's base); a
+    model without that record is a one-line error asking for ``reference=``. ``print(results)``
+    shows the headline numbers as a table."""
+    if reference is None and reward_model is not None:
+        reference = _recorded_start(model)
     prompts_path = os.fspath(prompts) if isinstance(prompts, (str, os.PathLike)) else "<python>"
     flags = {"policy": os.fspath(model), "prompts": prompts_path, "n": n,
              "reward_model": os.fspath(reward_model) if reward_model is not None else None,
@@ -256,6 +263,17 @@ def evaluate(model: str | os.PathLike[str], prompts: Any, reward_model: str | os
     if out is not None:
         write_outputs(results, out)
     return results
+
+
+def _recorded_start(model: str | os.PathLike[str]) -> str:
+    from alignctl.pipeline.manifest import starting_model
+
+    start = starting_model(model)
+    if start is None:
+        raise UserError(f"evaluate: no reference given and {os.fspath(model)} records no starting model (its "
+                        f"manifest.json, written by alignctl's sft / ppo / grpo, is missing or names none); "
+                        f"pass reference=<model folder> to compare against")
+    return start
 
 
 def print_eval_report(results: EvalResults) -> None:

@@ -74,3 +74,17 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def starting_model(folder: str | Path) -> str | None:
+    """The model an artifact was trained from, as its manifest records it: an RL policy's initial
+    actor (``base_model``), an SFT model's ``model.path``; None when nothing is recorded."""
+    manifest = read_manifest(folder)
+    if not manifest:
+        return None
+    if manifest.get("base_model"):
+        return str(manifest["base_model"])
+    model = (manifest.get("config") or {}).get("model")
+    if manifest.get("stage") == "sft" and isinstance(model, dict) and model.get("path"):
+        return str(model["path"])
+    return None

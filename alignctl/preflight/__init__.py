@@ -34,13 +34,14 @@ def _checkers() -> dict[type, Callable[[Any, Context], None]]:
 
 
 def preflight(cfg: Any, *, overwrite: bool = False, pending: Collection[str] = (), outputs: bool = True,
-              offline_ok: bool = False) -> None:
+              offline_ok: bool = False, python_scorer: bool = False) -> None:
     """Check everything ``cfg`` refers to; see :class:`~alignctl.preflight.context.Context` for the
     keyword arguments. Raises UserError on the first problem."""
     check = _checkers().get(type(cfg))
     if check is None:
         raise TypeError(f"no preflight for {type(cfg).__name__}")
-    check(cfg, Context(overwrite=overwrite, pending=pending, outputs=outputs, offline_ok=offline_ok))
+    check(cfg, Context(overwrite=overwrite, pending=pending, outputs=outputs, offline_ok=offline_ok,
+                       python_scorer=python_scorer))
 
 
 __all__ = ["Context", "preflight"]

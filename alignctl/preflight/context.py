@@ -13,12 +13,15 @@ class Context:
     """``pending``: folders an upstream pipeline stage will create (nothing under them is checked
     yet); ``overwrite``: the user passed ``--overwrite``; ``outputs``: check the output folder
     (the pipeline runner owns its artifact folders and checks them itself); ``offline_ok``: a hub
-    model id that cannot be reached only warns (a dry run on a machine without network)."""
+    model id that cannot be reached only warns (a dry run on a machine without network);
+    ``python_scorer``: the Python API scores training responses with a callable, so rows need no
+    ground truth."""
 
     overwrite: bool = False
     pending: Collection[str] = ()
     outputs: bool = True
     offline_ok: bool = False
+    python_scorer: bool = False
     _pending_paths: list[Path] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:

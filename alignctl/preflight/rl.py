@@ -46,11 +46,13 @@ def check_run_dir(cfg: RLConfig, ctx: Context, inputs: list[str]) -> None:
                         f"(its metrics are replaced), or choose a new run folder")
 
 
-def _default_scorer_used(cfg: RLConfig, key: str) -> bool:
+def _default_scorer_used(cfg: RLConfig, key: str, ctx: Context) -> bool:
     """Whether rows of ``key`` are scored by the default data_source scorer (which needs a ground
     truth): not with a custom reward function, and for training not when the reward model alone
-    scores (rule_weight 0); validation always scores with the rules (accuracy)."""
+    scores (rule_weight 0) or a Python callable does; validation always scores with the rules."""
     rm = cfg.reward_model
+    if key == "data.train_files" and ctx.python_scorer:
+        return False
     rules = key == "data.val_files" or not (rm.enable and rm.rule_weight == 0)
     return rules and not cfg.custom_reward_function.path
 
@@ -73,7 +75,7 @@ def check_rl(cfg: RLConfig, ctx: Context) -> None:
     else:
         for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
             check_rl_prompts(files, key, ctx, prompt_key=cfg.data.prompt_key,
-                             default_scorer=_default_scorer_used(cfg, key))
+                             default_scorer=_default_scorer_used(cfg, key, ctx))
     _check_resume_path(cfg)
     if ctx.outputs:
         inputs = [p for p in (arr.model.path, cfg.critic.model.path, cfg.reward_model.model.path,

@@ -183,6 +183,7 @@ class RLTrainer:
                     self.workers.broadcast(role, "load_checkpoint", str(resume_from / role))
             self._loop(tracker, result)
             self.workers.broadcast("actor", "save", str(result.policy_dir))
+            self.record_policy_origin(result.policy_dir)
         except WorkerFailed as exc:
             raise RunFailed(f"{self.activity}: {exc}") from exc
         except UserError:
@@ -195,6 +196,16 @@ class RLTrainer:
                 shutil.rmtree(run_dir, ignore_errors=True)  # leave no run folder behind a refused run
         (run_dir / "summary.json").write_text(json.dumps(_summary(result), indent=2), encoding="utf-8")
         return result
+
+    def record_policy_origin(self, policy_dir: Path) -> None:
+        """The exported policy's manifest names the model it started from, so ``evaluate`` can
+        compare against it when no reference is given."""
+        from alignctl.pipeline.manifest import write_manifest
+
+        start = self.cfg.actor_rollout_ref.model.path or ""
+        base = str(Path(start).expanduser().absolute()) if Path(start).expanduser().exists() else start
+        write_manifest(policy_dir, stage="rl-policy", config={"algorithm": to_dict(self.cfg.algorithm)},
+                       metrics={"steps": self.global_step}, extra={"base_model": base, "run_dir": str(self.parts.run_dir)})
 
     def open_run_dir(self, *, resume: bool) -> Tracker:
         """Create (and mark as alignctl's) the run folder; write the config and the worker layout."""

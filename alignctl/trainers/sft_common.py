@@ -60,7 +60,8 @@ def read_parquet_files(files: Sequence[str], what: str) -> datasets.Dataset:
 
 
 def as_dataset(data: Any, what: str) -> datasets.Dataset:
-    """A parquet path, a list of them, a pandas DataFrame or a ``datasets.Dataset`` -> Dataset."""
+    """A parquet path, a list of them, a pandas DataFrame, a ``datasets.Dataset`` or a list of row
+    dicts -> Dataset."""
     import datasets
 
     if isinstance(data, datasets.Dataset):
@@ -73,8 +74,10 @@ def as_dataset(data: Any, what: str) -> datasets.Dataset:
         return read_parquet_files([os.fspath(d) for d in data], what)
     if type(data).__name__ == "DataFrame":
         return as_dataset(datasets.Dataset.from_pandas(data, preserve_index=False), what)
-    raise UserError(f"{what}: expected a parquet path, a datasets.Dataset or a pandas DataFrame, "
-                    f"got {type(data).__name__}")
+    if isinstance(data, (list, tuple)) and data and all(isinstance(d, dict) for d in data):
+        return datasets.Dataset.from_list([dict(d) for d in data])
+    raise UserError(f"{what}: expected a parquet path, a datasets.Dataset, a pandas DataFrame or a non-empty "
+                    f"list of row dicts, got {type(data).__name__}")
 
 
 def require_columns(ds: datasets.Dataset, columns: Sequence[str], where: str) -> None:
