@@ -124,7 +124,19 @@ def _has_ground_truth(files: list[str]) -> bool:
 
 
 class RLHFTrainer:
-    """PPO (or any estimator) from Python; ``train`` runs the same Ray workers as ``alignctl ppo``."""
+    """PPO (or any estimator) from Python; ``train`` runs the same Ray workers as ``alignctl ppo``.
+
+    Args:
+        config: a :class:`PPOConfig`.
+        train_dataset: RL prompts: parquet path(s) in the preprocess schema, a DataFrame /
+            ``datasets.Dataset`` / list of dicts in that schema, or a list of prompts (strings or
+            chat-message lists; no ground truth, so a reward model or ``reward_fn`` scores them).
+        num_gpus: workers with one GPU each; without CUDA, that many CPU worker processes (warned).
+        num_workers: CPU worker processes when ``num_gpus`` is 0 (default 1).
+        reward_fn: ``fn(data_source, solution_str, ground_truth, extra_info) -> float | dict``,
+            called in this process for every response (replaces the rule scorers).
+        eval_dataset: validation prompts (same forms), scored with the rules before and after.
+    """
 
     def __init__(self, config: PPOConfig, train_dataset: Any, num_gpus: int = 0, num_workers: int = 1,
                  reward_fn: Callable[..., Any] | None = None, eval_dataset: Any = None) -> None:
@@ -155,7 +167,8 @@ class RLHFTrainer:
         return load_config(RLConfig, None, [], flags=keys)
 
     def train(self, num_episodes: int) -> Any:
-        """Train on ``num_episodes`` prompts (rounded up to whole steps of ``batch_size``)."""
+        """Train on ``num_episodes`` prompts (rounded up to whole steps of ``batch_size``); returns
+        the ``RunResult`` (``steps``, per-step ``history``, ``val_history``, ``run_dir``, ``policy_dir``)."""
         from alignctl.trainers.rl_trainer import create_trainer
 
         from alignctl.preflight import preflight
@@ -171,6 +184,8 @@ class RLHFTrainer:
         return self.result
 
     def save_model(self, path: str | Path) -> Path:
+        """Copy the trained policy (an HF folder with its manifest) to ``path`` atomically; a folder
+        alignctl did not write is refused. Returns ``path``."""
         if self.result is None:
             raise UserError("save_model: call train() first")
         from alignctl.pipeline.atomic import atomic_output_dir

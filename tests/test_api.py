@@ -108,3 +108,28 @@ def test_evaluate_without_a_reference_or_a_recorded_start_is_one_line(tmp_path):
     assets = make_assets(tmp_path / "assets")
     with pytest.raises(UserError, match=r"records no starting model .* pass reference="):
         evaluate(model=assets["model"], prompts=["1 + 1?"], reward_model=assets["model"])
+
+
+def test_every_in_memory_dataset_form_becomes_the_same_rows(tmp_path):
+    """RL prompts and preference pairs in each form users pass give the same table."""
+    import datasets
+
+    from alignctl.api import _dataset_files
+    from alignctl.trainers.sft_common import as_dataset
+
+    pairs = [{"prompt": "2+2?", "chosen": "4", "rejected": "5"}, {"prompt": "1+1?", "chosen": "2", "rejected": "3"}]
+    frame = pd.DataFrame(pairs)
+    frame.to_parquet(tmp_path / "pairs.parquet")
+    forms = [pairs, frame, datasets.Dataset.from_list(pairs), str(tmp_path / "pairs.parquet")]
+    assert all(as_dataset(form, "preference_dataset").to_list() == pairs for form in forms)
+    with pytest.raises(UserError, match="preference_dataset: expected a parquet path.*got int"):
+        as_dataset(3, "preference_dataset")
+
+    strings = _dataset_files(["2+2?", "1+1?"], tmp_path / "a")
+    messages = _dataset_files([[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "1+1?"}]],
+                              tmp_path / "b")
+    rows = [pd.read_parquet(f[0]).to_dict("records") for f in (strings, messages)]
+    assert rows[0] == rows[1] and [r["prompt"][0]["content"] for r in rows[0]] == ["2+2?", "1+1?"]
+    assert rows[0][0]["data_source"] == "python"
+    with pytest.raises(UserError, match=r"train_dataset\[1\]: expected a prompt string"):
+        _dataset_files(["ok", 5], tmp_path / "c")
