@@ -336,3 +336,43 @@ def test_report_renders_in_headless_chromium(report: Report, tmp_path: Path) -> 
     # blue of the win-rate bar and histogram (#2563eb) is on screen.
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 200
     assert np.any(np.all(image == (0x25, 0x63, 0xEB), axis=-1))
+
+
+def test_a_judge_that_disagrees_with_the_training_reward_is_warned_about(assets: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    """The digit policy's manifest says it was trained against the digit reward model; a judge with
+    the score head negated prefers letters, so it reverses the verdict: win rate 1.0 by the reward
+    model, 0.0 by the judge, and the eval says so."""
+    from transformers import AutoModelForSequenceClassification
+
+    from alignctl.pipeline.manifest import write_manifest
+
+    policy = tmp_path / "digits_policy"
+    shutil.copytree(assets["digits"], policy)
+    write_manifest(policy, stage="rl-policy", config={}, extra={"base_model": str(assets["letters"]),
+                                                                "reward_model": str(assets["rm"])})
+    judge = tmp_path / "letter_judge"
+    rm = AutoModelForSequenceClassification.from_pretrained(assets["rm"])
+    with torch.no_grad():
+        rm.score.weight.neg_()
+    rm.save_pretrained(judge)
+    shutil.copy(assets["rm"] / "tokenizer.json", judge)
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (assets["rm"] / name).exists():
+            shutil.copy(assets["rm"] / name, judge)
+    common = dict(prompts=assets["data"] / "test.parquet", reward_model=assets["rm"], max_new_tokens=8,
+                  num_bootstrap=200, max_prompts=6)
+    res = evaluate(model=policy, judge_model=judge, **common)  # the reference comes from the manifest
+    assert res.config["reference"] == str(assets["letters"])
+    assert res.win_rate == 1.0 and res.judge_win_rate == 0.0 and res.judge_win_rate_ci == (0.0, 0.0)
+    assert res.rm_trained_policy is True
+    assert len(res.warnings) == 1 and "training reward model prefers the policy" in res.warnings[0]
+    assert "the judge model does not (win rate 0.000" in res.warnings[0] and not res.notes
+    alone = evaluate(model=policy, **common)
+    assert alone.warnings == [] and "judged by the reward model the policy was trained against" in alone.notes[0]
+    out = tmp_path / "report"
+    from alignctl.eval.runner import write_outputs
+
+    write_outputs(res, out)
+    assert "the judge model does not" in (out / "report.md").read_text()
+    assert "Win rate by the judge model" in (out / "report.html").read_text()

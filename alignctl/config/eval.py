@@ -18,6 +18,9 @@ class EvalConfig:
                                              "Without it there is no win rate.")
     reward_model: str | None = field(None, help="Reward model folder (sequence classification, from train-rm). "
                                                 "Without it there are no rewards and no win rate.")
+    judge_model: str | None = field(None, help="A second reward model that did not train the policy (e.g. one trained "
+                                               "on a disjoint half of the pairs): its win rate is reported beside "
+                                               "reward_model's, and a disagreement is warned about.")
     prompts: str | None = field(None, help="RL prompt parquet (from 'alignctl preprocess', e.g. test.parquet). "
                                            "Rows with a ground truth also get rule accuracy. Required.")
     prompt_key: str = field("prompt", help="Column of the prompt messages in the prompts file.")
@@ -52,6 +55,8 @@ class EvalConfig:
             raise UserError("eval: key 'policy' is required (a Hugging Face causal LM folder)")
         if not self.prompts:
             raise UserError("eval: key 'prompts' is required (an RL prompt parquet file)")
+        if self.judge_model and not self.reference:
+            raise UserError("eval: key 'judge_model' needs 'reference' (a win rate compares the policy with it)")
         if self.preference_data and not self.reward_model:
             raise UserError("eval: key 'preference_data' needs 'reward_model' (the model whose preference accuracy "
                             "is measured)")

@@ -171,6 +171,9 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         fields["reference_truncated_fraction"] = float(np.mean(gens["reference"].truncated))
         fields["reference_accuracy"] = accuracy["reference"]
     fields.update(curves)
+    if cfg.judge_model and "reference" in gens:
+        fields.update(judge_fields(cfg, rows, gens, device, progress))
+    fields.update(verdict_fields(cfg, fields, accuracy))
     return EvalResults(
         num_prompts=len(rows), n=cfg.n, **fields,
         rewards_normalized=normalized,
@@ -182,6 +185,40 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         skipped_prompts=skipped, rm_truncated=rm_truncated, config=to_dict(cfg),
         wall_time_s=time.perf_counter() - start,
     )
+
+
+def judge_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], device: str,
+                 progress: bool) -> dict[str, Any]:
+    """The win rate of the policy over the reference by a second reward model (the judge)."""
+    assert cfg.judge_model is not None
+    scorer = RewardScorer(cfg.judge_model, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
+                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress)
+    try:
+        prompts = [r.messages for r in rows]
+        scores = {role: scorer.score(response_conversations(prompts, gens[role].texts), f"judging ({role})")
+                  .reshape(len(rows), cfg.n) for role in ("policy", "reference")}
+    finally:
+        scorer.close()
+    outcome = win_rate_fields(scores["policy"], scores["reference"], gens["policy"].char_lengths,
+                              gens["reference"].char_lengths, cfg)
+    return {"judge_win_rate": outcome["win_rate"], "judge_win_rate_ci": outcome["win_rate_ci"]}
+
+
+def verdict_fields(cfg: EvalConfig, fields: dict[str, Any], accuracy: dict[str, Any]) -> dict[str, Any]:
+    """Whether the reward model trained the policy (its manifest says), and hacking warnings."""
+    from alignctl.eval.verdicts import hacking_warnings, judge_note
+    from alignctl.pipeline.manifest import read_manifest
+
+    trained_with = (read_manifest(cfg.policy or "") or {}).get("reward_model")
+    trained = None if not cfg.reward_model or trained_with is None else \
+        Path(trained_with).expanduser().absolute() == Path(cfg.reward_model).expanduser().absolute()
+    warnings = hacking_warnings(
+        win_rate=fields.get("win_rate"), win_rate_ci=fields.get("win_rate_ci"),
+        judge_win_rate=fields.get("judge_win_rate"), judge_win_rate_ci=fields.get("judge_win_rate_ci"),
+        accuracy=accuracy.get("policy", {}), reference_accuracy=accuracy.get("reference", {}),
+        rm_trained_policy=trained)
+    note = judge_note(rm_trained_policy=trained, judge_win_rate=fields.get("judge_win_rate"))
+    return {"rm_trained_policy": trained, "warnings": warnings, "notes": [note] if note else []}
 
 
 def curve_fields(run: str) -> dict[str, Any]:
@@ -257,6 +294,7 @@ def evaluate(model: str | os.PathLike[str], prompts: Any, reward_model: str | os
              "reference": os.fspath(reference) if reference is not None else None}
     if out is not None:
         flags["out"] = os.fspath(out)
+    options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
     cfg = _config_from_kwargs(flags, options)
     rows = rows_from_python(prompts, cfg.prompt_key, cfg.max_prompts)
     results = evaluate_rows(cfg, rows, progress=progress)
@@ -283,6 +321,12 @@ def print_eval_report(results: EvalResults) -> None:
     rows = [[k, f"{v:.4f}" if not float(v).is_integer() else int(v)] for k, v in results.headline().items()]
     title = f"eval -> {results.out_dir}" if results.out_dir else "eval"
     print_table(title, ["metric", "value"], rows)
+    from alignctl.console import console
+
+    for line in results.warnings:
+        console.print(f"[bold yellow]warning:[/] {line}")
+    for line in results.notes:
+        console.print(f"note: {line}")
 
 
 __all__ = ["evaluate", "evaluate_rows", "print_eval_report", "run_eval", "write_outputs"]

@@ -34,7 +34,11 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
         if ci:
             text += f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
         extra = _pick(metrics, "lc_win_rate", "pass@1")
-        return ", ".join([text, *(f"{k} {_fmt(v)}" for k, v in extra)]).strip(", ")
+        if metrics.get("judge_win_rate") is not None:
+            extra.append(("judge win rate", metrics["judge_win_rate"]))
+        warnings = int(metrics.get("warnings") or 0)
+        flag = [f"[bold yellow]{warnings} reward-hacking warning{'s' if warnings > 1 else ''} (see report)[/]"] if warnings else []
+        return ", ".join([text, *(f"{k} {_fmt(v)}" for k, v in extra), *flag]).strip(", ")
     return ""
 
 

@@ -109,6 +109,7 @@ def check_eval(cfg: EvalConfig, ctx: Context) -> None:
     check_model(cfg.policy, "policy", ctx, "causal", needs_tokenizer=True)
     check_model(cfg.reference, "reference", ctx, "causal", needs_tokenizer=True)
     check_model(cfg.reward_model, "reward_model", ctx, "reward", needs_tokenizer=True)
+    check_model(cfg.judge_model, "judge_model", ctx, "reward", needs_tokenizer=True)
     if cfg.prompts:
         check_columns([cfg.prompts], "prompts", ctx, [cfg.prompt_key], "RL prompt rows")
         refuse_preference_file(cfg.prompts, "prompts", ctx)
@@ -117,5 +118,5 @@ def check_eval(cfg: EvalConfig, ctx: Context) -> None:
                       "preference pairs")
     if cfg.run and not ctx.later(cfg.run) and not (Path(cfg.run) / "metrics.jsonl").is_file():
         raise UserError(f"run {cfg.run}: no metrics.jsonl there; expected an RL run folder")
-    _output(cfg.out, "--out", ctx, [cfg.policy, cfg.reference, cfg.reward_model, cfg.prompts,
+    _output(cfg.out, "--out", ctx, [cfg.policy, cfg.reference, cfg.reward_model, cfg.judge_model, cfg.prompts,
                                     cfg.preference_data, cfg.run])

@@ -202,10 +202,15 @@ class RLTrainer:
         compare against it when no reference is given."""
         from alignctl.pipeline.manifest import write_manifest
 
-        start = self.cfg.actor_rollout_ref.model.path or ""
-        base = str(Path(start).expanduser().absolute()) if Path(start).expanduser().exists() else start
+        def local(path: str | None) -> str | None:
+            return str(Path(path).expanduser().absolute()) if path and Path(path).expanduser().exists() else path
+
+        rm = self.cfg.reward_model
         write_manifest(policy_dir, stage="rl-policy", config={"algorithm": to_dict(self.cfg.algorithm)},
-                       metrics={"steps": self.global_step}, extra={"base_model": base, "run_dir": str(self.parts.run_dir)})
+                       metrics={"steps": self.global_step},
+                       extra={"base_model": local(self.cfg.actor_rollout_ref.model.path),
+                              "reward_model": local(rm.model.path) if rm.enable else None,
+                              "run_dir": str(self.parts.run_dir)})
 
     def open_run_dir(self, *, resume: bool) -> Tracker:
         """Create (and mark as alignctl's) the run folder; write the config and the worker layout."""
