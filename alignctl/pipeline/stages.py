@@ -19,6 +19,9 @@ class StageKind:
     output_key: str  # dotted config key that receives the artifact folder
     run: Callable[[Any], dict[str, Any]]  # typed config -> metrics
     version: int = 1  # bump when the stage's output format changes: invalidates cached artifacts
+    # What the config does not say about the inputs (an installed package's version, a file's size
+    # and time): part of the cache key, so a new version of them is not served from the cache.
+    sources: Callable[[Any], dict[str, Any]] | None = None
 
     def schema_class(self) -> type:
         module, name = self.schema.split(":")
@@ -97,10 +100,27 @@ def _eval(cfg: Any) -> dict[str, Any]:
     return results.headline()
 
 
+def _gguf_sources(cfg: Any) -> dict[str, Any]:
+    import importlib.metadata
+    import os
+
+    if cfg.from_package:
+        try:
+            return {"package": cfg.from_package, "version": importlib.metadata.version(cfg.from_package)}
+        except importlib.metadata.PackageNotFoundError:
+            return {"package": cfg.from_package, "version": None}  # the stage itself says it is missing
+    try:
+        stat = os.stat(cfg.gguf)
+    except OSError:
+        return {}
+    return {"gguf_bytes": stat.st_size, "gguf_mtime_ns": stat.st_mtime_ns}
+
+
 STAGE_KINDS: dict[str, StageKind] = {
     "preprocess": StageKind("alignctl.config.preprocess:PreprocessConfig", "out", _preprocess),
     "init-model": StageKind("alignctl.config.init_model:InitModelConfig", "out", _init_model),
-    "import-model": StageKind("alignctl.config.import_model:ImportModelConfig", "out", _import_model),
+    "import-model": StageKind("alignctl.config.import_model:ImportModelConfig", "out", _import_model,
+                              sources=_gguf_sources),
     "sft": StageKind("alignctl.config.sft:SFTConfig", "output_dir", _sft),
     "train-rm": StageKind("alignctl.config.reward_model:RewardModelConfig", "output_dir", _train_rm),
     "ppo": StageKind("alignctl.config.rl:RLConfig", "trainer.run_dir", _rl),
