@@ -71,6 +71,17 @@ def test_reward_hacking_rm_score_up_while_rule_score_falls():
     assert _fired(stream, window=2) == [(6, "reward_hacking")]
 
 
+def test_reward_hacking_against_the_accuracy_a_custom_reward_reports():
+    """A custom reward returning {"score": acc + bonus, "acc": acc}: the score is the proxy, the
+    logged acc the gold signal (same numbers as the rule-score test above, same firing step)."""
+    score = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7]
+    acc = [0.50, 0.50, 0.50, 0.48, 0.44, 0.40]
+    stream = [{"critic/score/mean": r, "reward/extra/acc/mean": g} for r, g in zip(score, acc)]
+    assert _fired(stream, window=2) == [(6, "reward_hacking")]
+    honest = [{"critic/score/mean": g, "reward/extra/acc/mean": g} for g in [0.5, 0.4, 0.6, 0.3, 0.7, 0.2]]
+    assert _fired(honest, window=2) == []  # score == acc: the proxy cannot rise while the gold falls
+
+
 def test_reward_hacking_needs_the_proxy_to_rise():
     rule = [0.5, 0.5, 0.3, 0.2]
     stream = [{"reward/rm_score/mean": 0.5, "reward/rule_score/mean": g} for g in rule]

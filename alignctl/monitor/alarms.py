@@ -20,7 +20,8 @@ overlap. Each rule returns a one-line reason, or None.
 
 The proxy is what the policy optimises (the reward model's score when one is used, else the
 total score); the gold signal is the rule score when a reward model is also used, else the
-validation accuracy (``val-core/*/acc/*``) when the run validates.
+accuracy a custom reward function reports beside its score (``{"score": ..., "acc": ...}``, logged
+as ``reward/extra/acc/mean``), else the validation accuracy (``val-core/*/acc/*``).
 """
 
 from __future__ import annotations
@@ -77,19 +78,32 @@ def _gold_fall(history: dict[str, Series], t: Thresholds) -> str | None:
 
     One batch's rule score is a noisy accuracy: a fall of the W-mean counts only when it is at
     least ``gold_drop`` and at least ``NOISE_Z`` standard errors of a difference of two W-means."""
-    rule = history.get("reward/rule_score/mean", [])
-    if "reward/rm_score/mean" in history and len(rule) >= 2 * t.window:
-        values = [v for _, v in rule]
+    per_step = _per_step_gold(history)
+    if per_step is not None:
+        name, series = per_step
+        if len(series) < 2 * t.window:
+            return None
+        values = [v for _, v in series]
         start, recent = _mean(values[:t.window]), _mean(values[-t.window:])
         needed = max(t.gold_drop, NOISE_Z * _noise_sd(values) * math.sqrt(2 / t.window))
         if start - recent >= needed:
-            return f"rule score {start:.3f} -> {recent:.3f} (a fall > {needed:.3f} counts)"
+            return f"{name} {start:.3f} -> {recent:.3f} (a fall > {needed:.3f} counts)"
         return None
     for key, series in history.items():
         if key.startswith("val-core/") and "/acc/" in key and len(series) >= 2:
             first, last = series[0][1], series[-1][1]
             if first - last >= t.gold_drop:
                 return f"{key} {first:.3f} -> {last:.3f}"
+    return None
+
+
+def _per_step_gold(history: dict[str, Series]) -> tuple[str, Series] | None:
+    """A gold signal measured on every training batch: the rule score beside a reward model, or
+    the accuracy a custom reward reports beside its score."""
+    if "reward/rm_score/mean" in history and "reward/rule_score/mean" in history:
+        return "rule score", history["reward/rule_score/mean"]
+    if "reward/extra/acc/mean" in history:
+        return "reward's acc", history["reward/extra/acc/mean"]
     return None
 
 
