@@ -464,3 +464,23 @@ def test_a_full_disk_during_an_rl_checkpoint_is_one_line(tmp_path: Path) -> None
         assert time.perf_counter() - start < 60
         _one_line(result, 1, "checkpoint", f"{disk}/run", "disk full (ENOSPC)")
         assert _leftovers(disk) == []
+
+
+def test_train_rm_warns_about_what_the_cheap_audit_finds(tiny_model: Path, tmp_path: Path) -> None:
+    """Two extra copies of a pair, one chosen == rejected, a held-out prompt also in training, and
+    the chosen reply always longer: one warning line each; audit=false prints none."""
+    rows = [_pref(f"Say hi {i}", "Hello there, friend!", "Go away.") for i in range(4)]
+    rows += [rows[0], rows[0], _pref("Same", "Hi", "Hi")]
+    train, val = tmp_path / "pairs.parquet", tmp_path / "held_out.parquet"
+    pd.DataFrame(rows).to_parquet(train)
+    pd.DataFrame([_pref("Say hi 3", "Hello!", "Bye."), _pref("Other", "Yes please.", "No.")]).to_parquet(val)
+    args = ("train-rm", f"model.path={tiny_model}", f"data.train_files=[{train}]", f"data.val_files=[{val}]",
+            "trainer.micro_batch_size=2", "data.max_length=64")
+    result = run_cli(*args, f"output_dir={tmp_path / 'rm'}")
+    assert result.code == 0, result.stderr
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    for needle in ("exact duplicate: 2 of 7 pairs (28.6%)", "identical: 1 of 7 pairs",
+                   "held out prompt in train: 1 of 7 pairs", "length bias: the chosen reply is longer in 100.0%"):
+        assert needle in out, needle
+    quiet = run_cli(*args, f"output_dir={tmp_path / 'rm2'}", "audit=false")
+    assert quiet.code == 0 and "audit warning" not in quiet.stdout

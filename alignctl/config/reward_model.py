@@ -41,6 +41,9 @@ class RewardModelConfig:
     output_dir: str = field("runs/reward_model", help="Output reward-model folder (written atomically).")
     center_rewards_coefficient: float | None = field(None, help="Weight of the mean((r_chosen + r_rejected)^2) "
                                                                "term that centres rewards on 0 (TRL; 0.01 is usual).")
+    audit: bool = field(True, help="Before training, run the cheap checks of 'alignctl audit' on the pairs (empty, "
+                                   "chosen == rejected, exact duplicates, held-out prompts also in training, length "
+                                   "bias) and warn about each finding; false skips them.")
     calibration_edges: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0],
                                            help="Bucket edges of |r_chosen - r_rejected| for the held-out "
                                                 "calibration table (accuracy by margin bucket).")

@@ -213,10 +213,25 @@ def run_train_rm(cfg: RewardModelConfig, *, progress: bool = True) -> RMResult:
         raise UserError("train-rm: key 'data.train_files' is required (one or more preference parquet files)")
     train = common.read_parquet_files(cfg.data.train_files, "data.train_files")
     val = common.read_parquet_files(cfg.data.val_files, "data.val_files") if cfg.data.val_files else None
+    if cfg.audit:
+        warn_about_pairs(cfg.data.train_files, cfg.data.val_files)
     # A full disk or read-only output_dir: one line naming it (the staging folder is removed).
     with writing(cfg.output_dir):
         return train_reward_model(cfg, train, val, train_where=", ".join(cfg.data.train_files),
                                   val_where=", ".join(cfg.data.val_files), progress=progress)
+
+
+def warn_about_pairs(train_files: list[str], val_files: list[str]) -> None:
+    """The cheap audit checks, one warning line per finding (chosen == rejected pairs are also
+    dropped when the pairs are prepared, and a file of nothing else is refused there)."""
+    from alignctl.audit.quick import quick_audit
+    from alignctl.console import console
+
+    found = quick_audit(train_files, val_files)
+    for line in found.lines(", ".join(train_files)):
+        console.print(f"[bold yellow]audit warning:[/] {line}")
+    if found.lines(""):
+        console.print("  (alignctl audit FILE --test HELD_OUT lists the rows; train-rm key audit=false skips these checks)")
 
 
 def print_rm_report(result: RMResult) -> None:
