@@ -59,3 +59,11 @@ def assert_user_error(result: CliResult, *needles: str) -> None:
     assert "Traceback" not in result.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture(scope="session")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model fitted to tool-use traces (tests/tool_helpers.py), built once per session."""
+    from tool_helpers import make_tool_model
+
+    return make_tool_model(tmp_path_factory.mktemp("tool-model"))

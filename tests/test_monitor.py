@@ -64,10 +64,12 @@ def test_reward_hacking_rm_score_up_while_rule_score_falls():
     rm = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7]
     rule = [0.50, 0.50, 0.50, 0.48, 0.44, 0.40]
     stream = [{"reward/rm_score/mean": r, "reward/rule_score/mean": g} for r, g in zip(rm, rule)]
-    # W=2. Step 4: rm start 0.05, recent 0.25 (up); rule start 0.50, recent 0.49: fall 0.01 < 0.05.
-    # Step 5: recent 0.46, fall 0.04 < 0.05. Step 6: recent 0.42, fall 0.08. Noise: diffs 0, 0, -.02,
-    # -.04, -.04 -> sd = sqrt(.0036 / 10) = .01897; 3 SE of a W-mean difference = 3 x .01897 x 1 = .0569.
-    # 0.08 >= max(0.05, 0.0569) -> fires at step 6.
+    # W=2: judged from step 2W = 4 over the last 4W = 8 steps (all of them here), x = 0..n-1.
+    # Step 4: y = .5 .5 .5 .48, Sxx = 5, sum (x - 1.5)(y - .495) = -.03 -> slope -.006, fitted fall
+    #   .018 < .05. Step 5: Sxx = 10, slope -.14 / 10 = -.014, fall .056; residuals -.012 .002 .016 .010
+    #   -.016 -> SSR .00076, se = sqrt(.00076 / 3 / 10) = .00503, t = -2.78 > -3: no.
+    # Step 6: Sxx = 17.5, slope -.35 / 17.5 = -.02, fall .10; residuals -.02 0 .02 .02 0 -.02 -> SSR
+    #   .0016, se = sqrt(.0016 / 4 / 17.5) = .00478, t = -4.18 <= -3, rm slope > 0 -> fires at step 6.
     assert _fired(stream, window=2) == [(6, "reward_hacking")]
 
 
@@ -145,5 +147,6 @@ def test_noisy_rule_score_alone_is_not_hacking():
     model's score rises: no alarm. A first version compared with the best W-mean and fired here."""
     rule = [0.60, 0.68, 0.52, 0.64, 0.56, 0.66, 0.53, 0.61, 0.55, 0.58, 0.52, 0.60]
     stream = [{"reward/rm_score/mean": 0.1 * i, "reward/rule_score/mean": g} for i, g in enumerate(rule)]
-    # W=4: start mean 0.61, recent mean (0.55+0.58+0.52+0.60)/4 = 0.5625: fall 0.0475 < 0.05.
+    # W=4, judged at steps 8..12 over all steps so far: the fitted line falls by 0.03-0.07, with a
+    # slope t between -0.4 and -1.4 (computed with alarms._slope): noise, not a trend.
     assert _fired(stream) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from alignctl.config.core import field, section
 from alignctl.errors import UserError
+from alignctl.plugins import load_plugins, normalize_plugins, where_plugins_come_from
 
 STRATEGIES = ("ddp", "fsdp2", "deepspeed")
 CRITIC_ESTIMATORS = ("gae",)
@@ -134,6 +135,24 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    enable: bool = field(False, help="Tool-using multi-turn rollouts (docs/agents.md): the model may call tools, "
+                                     "their results come back as tool messages, until a final answer.")
+    tools: list[str] = field(default_factory=lambda: ["calculator"], help="Tools offered to the model, from the "
+                                                                          "tool registry (built-in: calculator, python; "
+                                                                          "more through algorithm.plugins).")
+    max_turns: int = field(4, ge=1, help="Most assistant turns per trajectory (a turn that still calls a tool at the "
+                                         "limit ends the trajectory).")
+    tool_timeout_s: float | None = field(None, gt=0, help="Per-call timeout for every tool (default: each tool's own).")
+    max_parallel_tools: int = field(8, ge=1, help="Tool calls run at once (over all trajectories of a turn).")
+    enable_python_tool: bool = field(False, help="Allow the 'python' tool (runs model-written code in a sandboxed "
+                                                 "subprocess; docs/agents.md says what it contains).")
+    valid_call_reward: float = field(0.0, help="Added to a trajectory's reward per tool call that ran without error.")
+    tool_error_penalty: float = field(0.0, ge=0, help="Subtracted from a trajectory's reward per failed tool call "
+                                                      "(malformed, unknown tool, bad arguments, exception, timeout).")
+
+
+@dataclass
 class RolloutConfig:
     name: str = field("hf", help="Rollout engine.", choices=("hf", "vllm"))
     n: int = field(1, ge=1, help="Responses per prompt.")
@@ -146,6 +165,7 @@ class RolloutConfig:
     tensor_model_parallel_size: int = field(1, ge=1, help="vllm: tensor-parallel degree.")
     enforce_eager: bool = field(True, help="vllm: disable CUDA graphs.")
     val_kwargs: ValKwargs = section(ValKwargs, help="Sampling during validation.")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, help="Tool-using multi-turn rollouts.")
 
 
 @dataclass
@@ -318,7 +338,6 @@ class RLConfig:
 
     def _check_registries(self) -> None:
         from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
-        from alignctl.plugins import load_plugins, normalize_plugins, where_plugins_come_from
 
         # Absolute file paths, so that workers (other folders, other nodes) import the same files.
         self.algorithm.plugins = normalize_plugins(self.algorithm.plugins)
@@ -378,6 +397,7 @@ class RLConfig:
             raise UserError(f"key 'trainer.logger': unknown logger(s) {unknown}; expected any of {', '.join(LOGGERS)}")
         self._check_critic_batches(world)
         self._check_sampling()
+        self._check_multi_turn()
         for key in ("test_freq", "save_freq"):
             if getattr(self.trainer, key) == 0:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
@@ -402,6 +422,28 @@ class RLConfig:
         if micro is not None and not critic.use_dynamic_bsz and (mini * n // world) % micro:
             raise UserError(f"key 'critic.ppo_micro_batch_size_per_gpu' ({micro}) must divide the per-worker "
                             f"critic mini-batch ({mini * n // world} responses)")
+
+    def _check_multi_turn(self) -> None:
+        mt = self.actor_rollout_ref.rollout.multi_turn
+        if not mt.enable:
+            return
+        from alignctl.tools import TOOLS
+
+        if self.actor_rollout_ref.rollout.name != "hf":
+            raise UserError("key 'actor_rollout_ref.rollout.multi_turn.enable' needs rollout.name=hf (the vllm engine "
+                            "has no multi-turn loop yet)")
+        if not mt.tools:
+            raise UserError("key 'actor_rollout_ref.rollout.multi_turn.tools' is empty; expected at least one tool")
+        for name in mt.tools:
+            if name not in TOOLS:
+                raise UserError(f"key 'actor_rollout_ref.rollout.multi_turn.tools': unknown tool {name!r}; expected one "
+                                f"of {', '.join(TOOLS)}; {where_plugins_come_from(self.algorithm.plugins)}")
+        if "python" in mt.tools and not mt.enable_python_tool:
+            raise UserError("key 'actor_rollout_ref.rollout.multi_turn.tools' names 'python', which runs model-written "
+                            "code: set multi_turn.enable_python_tool=true to allow it (docs/agents.md)")
+        if self.data.custom_cls.path:
+            raise UserError("multi_turn.enable with data.custom_cls: a custom dataset renders its own prompt ids, "
+                            "without the tool list; use the built-in dataset")
 
     def _check_sampling(self) -> None:
         rollout = self.actor_rollout_ref.rollout

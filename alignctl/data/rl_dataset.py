@@ -18,6 +18,7 @@ import torch
 
 from alignctl.batch import Batch
 from alignctl.errors import UserError
+from alignctl.tools.chat import render_prompt
 
 # reward_model (the rule ground truth) is optional: reward-model-only runs (e.g. HH) have none.
 REQUIRED_COLUMNS = ("data_source",)
@@ -65,7 +66,9 @@ class RLPromptDataset:
     """Tokenized prompts with everything a reward function needs kept raw."""
 
     def __init__(self, files: list[str], tokenizer: Any, *, prompt_key: str = "prompt",
-                 max_prompt_length: int = 512, max_samples: int | None = None) -> None:
+                 max_prompt_length: int = 512, max_samples: int | None = None,
+                 tools: list[dict[str, Any]] | None = None) -> None:
+        """``tools``: OpenAI function schemas presented in every prompt (multi-turn rollouts)."""
         frame = read_prompt_files(files, prompt_key)
         if max_samples is not None:
             frame = frame.iloc[:max_samples]
@@ -73,8 +76,7 @@ class RLPromptDataset:
         self.filtered = 0
         for record in frame.to_dict(orient="records"):
             messages = plain_python(record[prompt_key])
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            ids = render_prompt(tokenizer, messages, tools or [])
             if len(ids) > max_prompt_length:
                 self.filtered += 1
                 continue

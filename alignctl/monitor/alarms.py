@@ -8,10 +8,11 @@ overlap. Each rule returns a one-line reason, or None.
 | alarm            | fires when (defaults)                                                        |
 |------------------|------------------------------------------------------------------------------|
 | non_finite       | any logged number is NaN or inf                                               |
-| reward_hacking   | recent(proxy) > start(proxy) while the gold signal fell: start - recent of    |
-|                  | the rule score >= max(gold_drop (0.05), 3 standard errors; noise from         |
-|                  | step-to-step differences), or the latest                                      |
-|                  | validation accuracy >= gold_drop below the first one                          |
+| reward_hacking   | per-step gold (rule score beside an RM, or a custom reward's acc): over the    |
+|                  | last 4W steps (>= 2W), the gold's least-squares line falls >= gold_drop (0.05) |
+|                  | with slope t <= -3, while the proxy's slope is positive; else (validation     |
+|                  | accuracy) recent(proxy) > start(proxy) and the latest accuracy >= gold_drop    |
+|                  | below the first                                                               |
 | entropy_collapse | recent(actor/entropy) < entropy_floor (0.1) x start(actor/entropy)            |
 | length_blowup    | recent(response_length/mean) > length_high (2.0) x start                      |
 | length_collapse  | recent(response_length/mean) < length_low (0.5) x start                       |
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 Series = list[tuple[int, float]]
-NOISE_Z = 3.0  # a per-step gold fall must exceed this many standard errors (see _gold_fall)
+NOISE_Z = 3.0  # a per-step gold's falling slope must exceed this many standard errors (see _trend_hacking)
+TREND_WINDOWS = 4  # the trend of a per-step gold is fitted over the last 4 x W steps
 
 
 @dataclass(frozen=True)
@@ -67,33 +69,30 @@ def non_finite(history: dict[str, Series], latest: dict[str, Any], t: Thresholds
     return f"{', '.join(bad[:3])} not finite" if bad else None
 
 
-def _noise_sd(values: list[float]) -> float:
-    """Step-to-step noise of a series, blind to slow trends (von Neumann): sqrt(mean(diff^2) / 2)."""
-    diffs = [b - a for a, b in zip(values, values[1:])]
-    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))) if diffs else 0.0
+def _slope(values: list[float]) -> tuple[float, float]:
+    """Least-squares slope per step of ``values`` and its t statistic (0 when undefined)."""
+    n = len(values)
+    mx, my = (n - 1) / 2, _mean(values)
+    sxx = sum((x - mx) ** 2 for x in range(n))
+    slope = sum((x - mx) * (v - my) for x, v in enumerate(values)) / sxx
+    residual = sum((v - my - slope * (x - mx)) ** 2 for x, v in enumerate(values))
+    se = math.sqrt(residual / (n - 2) / sxx) if n > 2 else 0.0
+    return slope, (slope / se if se > 0 else (0.0 if slope == 0 else math.copysign(math.inf, slope)))
 
 
-def _gold_fall(history: dict[str, Series], t: Thresholds) -> str | None:
-    """How the gold signal fell since the start, or None when it did not (or there is none).
-
-    One batch's rule score is a noisy accuracy: a fall of the W-mean counts only when it is at
-    least ``gold_drop`` and at least ``NOISE_Z`` standard errors of a difference of two W-means."""
-    per_step = _per_step_gold(history)
-    if per_step is not None:
-        name, series = per_step
-        if len(series) < 2 * t.window:
-            return None
-        values = [v for _, v in series]
-        start, recent = _mean(values[:t.window]), _mean(values[-t.window:])
-        needed = max(t.gold_drop, NOISE_Z * _noise_sd(values) * math.sqrt(2 / t.window))
-        if start - recent >= needed:
-            return f"{name} {start:.3f} -> {recent:.3f} (a fall > {needed:.3f} counts)"
+def _trend_hacking(proxy_key: str, proxy: Series, name: str, gold: Series, t: Thresholds) -> str | None:
+    """Per-step gold: over the last TREND_WINDOWS x W steps (at least 2W), the gold's fitted line
+    falls by >= gold_drop with a slope beyond NOISE_Z standard errors, while the proxy's rises."""
+    steps = sorted(set(dict(proxy)) & set(dict(gold)))[-TREND_WINDOWS * t.window:]
+    if len(steps) < max(2 * t.window, 3):
         return None
-    for key, series in history.items():
-        if key.startswith("val-core/") and "/acc/" in key and len(series) >= 2:
-            first, last = series[0][1], series[-1][1]
-            if first - last >= t.gold_drop:
-                return f"{key} {first:.3f} -> {last:.3f}"
+    gold_at, proxy_at = dict(gold), dict(proxy)
+    g_slope, g_t = _slope([gold_at[s] for s in steps])
+    p_slope, _ = _slope([proxy_at[s] for s in steps])
+    fall = -g_slope * (len(steps) - 1)
+    if p_slope > 0 and g_t <= -NOISE_Z and fall >= t.gold_drop:
+        return (f"{proxy_key} rising ({p_slope:+.3f}/step) while {name} fell {fall:.3f} over steps "
+                f"{steps[0]}-{steps[-1]} (slope {g_slope:+.4f}/step, t = {g_t:.1f})")
     return None
 
 
@@ -109,11 +108,19 @@ def _per_step_gold(history: dict[str, Series]) -> tuple[str, Series] | None:
 
 def reward_hacking(history: dict[str, Series], latest: dict[str, Any], t: Thresholds) -> str | None:
     proxy_key = "reward/rm_score/mean" if "reward/rm_score/mean" in history else "critic/score/mean"
+    per_step = _per_step_gold(history)
+    if per_step is not None:
+        return _trend_hacking(proxy_key, history.get(proxy_key, []), *per_step, t)
+    # Validation accuracy is measured every test_freq steps: proxy start vs recent, first vs last accuracy.
     proxy = _start_recent(history.get(proxy_key, []), t.window)
     if proxy is None or proxy[1] <= proxy[0]:
         return None
-    fall = _gold_fall(history, t)
-    return f"{proxy_key} up {proxy[0]:.3f} -> {proxy[1]:.3f} while {fall}" if fall else None
+    for key, series in history.items():
+        if key.startswith("val-core/") and "/acc/" in key and len(series) >= 2:
+            first, last = series[0][1], series[-1][1]
+            if first - last >= t.gold_drop:
+                return f"{proxy_key} up {proxy[0]:.3f} -> {proxy[1]:.3f} while {key} {first:.3f} -> {last:.3f}"
+    return None
 
 
 def _ratio_rule(key: str, below: Callable[[Thresholds], float] | None, above: Callable[[Thresholds], float] | None,

@@ -80,6 +80,9 @@ class RolloutOutput:
       response_lengths [N]     long  ``response_mask.sum(-1)``
       log_probs        [N, R]  float see the module docstring; 0 on padding; None if not requested
       finish_reason    N strs  "stop" (a stop token was sampled) or "length" (hit max_new_tokens)
+      loss_mask        [N, R]  long  multi-turn only: 1 on the sampled tokens (``response_mask``
+                                     then also covers inserted tool-message tokens); None otherwise
+      extras           per-row lists the rollout adds (multi-turn: tool calls, errors, turns)
     """
 
     prompt_index: torch.Tensor
@@ -91,6 +94,8 @@ class RolloutOutput:
     finish_reason: list[FinishReason]
     pad_token_id: int
     metrics: dict[str, float] = field(default_factory=dict)
+    loss_mask: torch.Tensor | None = None
+    extras: dict[str, list[Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.prompt_index.shape[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -82,3 +83,22 @@ class Timer:
 def throughput(batch: Batch, step_seconds: float, world_size: int) -> dict[str, float]:
     tokens = float(batch["attention_mask"].sum())
     return {"perf/total_num_tokens": tokens, "perf/throughput": tokens / max(step_seconds, 1e-9) / world_size}
+
+
+def tool_metrics(batch: Batch) -> dict[str, float]:
+    """Multi-turn rollouts: turns per sample, calls per tool, failed calls by kind, the share of
+    calls that ran (over every worker's rows), and rank 0's time in decoding vs in tools."""
+    if "turns" not in batch:
+        return {}
+    rows = max(len(batch), 1)
+    calls: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for row_calls, row_errors in zip(batch["tool_calls"], batch["tool_error_kinds"]):
+        calls.update(row_calls)
+        errors.update(row_errors)
+    total = sum(calls.values())
+    metrics = {"multi_turn/turns_mean": sum(batch["turns"]) / rows, "multi_turn/calls_per_sample": total / rows,
+               "multi_turn/valid_call_share": sum(batch["tool_valid_calls"]) / total if total else 1.0}
+    metrics |= {f"multi_turn/calls/{name}": float(n) for name, n in sorted(calls.items())}
+    metrics |= {f"multi_turn/errors/{kind}": float(n) for kind, n in sorted(errors.items())}
+    return metrics | dict(batch.meta.get("rollout_metrics", {}))

@@ -14,6 +14,7 @@ import torch
 
 from alignctl.batch import Batch
 from alignctl.config.rl import RLConfig
+from alignctl.models.loading import last_token_index
 from alignctl.rewards.custom import load_reward_function
 from alignctl.rewards.managers import RewardInputs, build_reward_manager
 
@@ -31,12 +32,17 @@ class RewardComputer:
         self.manager = build_reward_manager(rm.reward_manager, compute_score=fn, num_workers=rm.num_workers,
                                             timeout_s=rm.timeout_s, **options)
         self.model_scorer: Any = None  # set by the trainer when reward_model.enable: scores via the RM workers
+        self.multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
         self.rule_weight = rm.rule_weight if rm.enable else 1.0
         self.rm_weight = rm.rm_weight
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alignctl-reward")
 
     def decode(self, batch: Batch) -> list[str]:
-        rows = [ids[:int(n)] for ids, n in zip(batch["responses"].tolist(), batch["response_mask"].sum(-1).tolist())]
+        """Each response's text: every real token (in a multi-turn response the tool messages too,
+        as verl passes them), not only the sampled ones."""
+        width = batch["responses"].shape[1]
+        real = batch["attention_mask"][:, -width:].tolist()
+        rows = [[t for t, keep in zip(ids, mask) if keep] for ids, mask in zip(batch["responses"].tolist(), real)]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def score(self, batch: Batch, *, use_model: bool = True) -> Batch:
@@ -54,10 +60,22 @@ class RewardComputer:
         if self.model_scorer is not None and use_model:
             texts_batch = Batch(lists={"raw_prompt": batch["raw_prompt"], "response_text": texts})
             rm_scores = self.model_scorer(texts_batch)["rm_scores"]  # [N] one score per response
-            last = (batch["response_mask"].sum(-1) - 1).clamp(min=0)
+            last = last_token_index(batch["response_mask"])  # the last sampled token
             scores[torch.arange(len(batch)), last] += self.rm_weight * rm_scores.float()
             metrics["reward/rm_score/mean"] = float(rm_scores.float().mean())
+        if use_model and "tool_valid_calls" in batch:
+            self._add_tool_terms(batch, scores, metrics)
         return Batch({"token_level_scores": scores}, meta={"reward_metrics": metrics})
+
+    def _add_tool_terms(self, batch: Batch, scores: torch.Tensor, metrics: dict[str, float]) -> None:
+        """Per-trajectory terms of a multi-turn rollout: a reward per tool call that ran, a penalty
+        per failed one, on the last sampled token (not in validation: accuracy is the answer's)."""
+        mt = self.multi_turn
+        valid = torch.tensor(batch["tool_valid_calls"], dtype=torch.float32)
+        errors = torch.tensor(batch["tool_errors"], dtype=torch.float32)
+        terms = mt.valid_call_reward * valid - mt.tool_error_penalty * errors
+        scores[torch.arange(len(batch)), last_token_index(batch["response_mask"])] += terms
+        metrics["reward/tool_terms/mean"] = float(terms.mean())
 
     def _rule_scores(self, batch: Batch, texts: list[str]) -> tuple[torch.Tensor, dict[str, float]]:
         out = self.manager(RewardInputs(

@@ -14,6 +14,7 @@ from alignctl.data.rl_dataset import PromptLoader, RLPromptDataset, load_dataset
 from alignctl.errors import UserError
 from alignctl.models.loading import load_tokenizer
 from alignctl.plugins import import_roots
+from alignctl.tools import tool_schemas
 from alignctl.trainers.reward import RewardComputer
 from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup, init_ray
 
@@ -31,9 +32,14 @@ class RLComponents:
 
 def _dataset(cfg: RLConfig, files: list[str], tokenizer: Any, max_samples: int | None) -> Any:
     custom = cfg.data.custom_cls
-    cls = load_dataset_class(custom.path, custom.name) if custom.path and custom.name else RLPromptDataset
-    return cls(files, tokenizer, prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
-               max_samples=max_samples)
+    if custom.path and custom.name:
+        cls = load_dataset_class(custom.path, custom.name)
+        return cls(files, tokenizer, prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
+                   max_samples=max_samples)
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    tools = tool_schemas(mt.tools) if mt.enable else []  # the prompts then present the tool list
+    return RLPromptDataset(files, tokenizer, prompt_key=cfg.data.prompt_key,
+                           max_prompt_length=cfg.data.max_prompt_length, max_samples=max_samples, tools=tools)
 
 
 def build_components(cfg: RLConfig) -> RLComponents:

@@ -28,7 +28,7 @@ from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
 from alignctl.trainers.advantage import compute_advantage
 from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
                                           start_partial, truncate_metrics, write_state)
-from alignctl.trainers.metrics import Timer, data_metrics, kl_metrics, throughput
+from alignctl.trainers.metrics import Timer, data_metrics, kl_metrics, throughput, tool_metrics
 from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
 from alignctl.trainers.validation import validate
 from alignctl.console import console
@@ -96,7 +96,8 @@ class RLTrainer:
                 with timer("update_actor"):
                     metrics |= self.update("actor", "update_actor", batch)
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
-        metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | batch.meta.get("reward_metrics", {})
+        metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | tool_metrics(batch)
+        metrics |= batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.world_size)
         metrics |= response_diversity(batch["responses"], batch["response_mask"],
                                       batch["group_index"] if "group_index" in batch else None)

@@ -39,6 +39,14 @@ class ActorRolloutRefWorker:
         self.tokenizer = self.policy.tokenizer
         self.rollout = get_rollout_engine(
             arr.rollout.name, **self.policy.rollout_kwargs(arr.rollout))
+        mt = arr.rollout.multi_turn
+        if mt.enable:  # conversations with tools on top of the same engine
+            from alignctl.rollout.multi_turn import MultiTurnRollout
+
+            self.rollout = MultiTurnRollout(self.rollout, self.tokenizer, mt.tools, max_turns=mt.max_turns,
+                                            max_response_length=self.cfg.data.max_response_length,
+                                            stop_ids=self.policy.eos_ids, timeout_s=mt.tool_timeout_s,
+                                            max_parallel_tools=mt.max_parallel_tools)
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
@@ -60,7 +68,8 @@ class ActorRolloutRefWorker:
         tensors = assemble(prompts["prompt_ids"], out, prompt_width=meta["prompt_width"],
                            response_width=self.cfg.data.max_response_length, pad_id=self.policy.pad_id)
         tensors["group_index"] = torch.as_tensor([prompts["uid"][int(i)] for i in out.prompt_index])
-        gen_meta = {"temperature": params.logprob_temperature, "timing_s/gen_worker": time.perf_counter() - start}
+        gen_meta = {"temperature": params.logprob_temperature, "timing_s/gen_worker": time.perf_counter() - start,
+                    "rollout_metrics": {k: v for k, v in out.metrics.items() if k.startswith("multi_turn/")}}
         return Batch(tensors, expand_lists(prompts, out), {**meta, **gen_meta})
 
     def _sync_rollout_weights(self) -> None:

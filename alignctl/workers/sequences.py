@@ -1,6 +1,8 @@
 """Turning prompts + rollout output into the fixed-width tensors every role consumes.
 
-Row layout (verl's): ``[left-padded prompt (P) | right-padded response (T)]``. Widths are fixed
+Row layout (verl's): ``[left-padded prompt (P) | right-padded response (T)]``. ``response_mask``
+marks the tokens the policy sampled (the loss mask); the attention mask marks every real token,
+which differ only in multi-turn responses (inserted tool messages). Widths are fixed
 per step (P = longest prompt of the step, T = max_response_length) so the parts produced by
 different ranks concatenate, and packing (use_remove_padding) makes the pads free to compute.
 """
@@ -44,12 +46,15 @@ def assemble(prompt_ids: Sequence[Sequence[int]], out: RolloutOutput, *, prompt_
     """Tensors of the ``N = B * n`` responses; prompt ``i`` is repeated for its n samples."""
     prompts, prompt_mask = left_pad([prompt_ids[int(i)] for i in out.prompt_index], prompt_width, pad_id)
     responses = right_pad(out.response_ids, response_width, pad_id)
-    response_mask = right_pad(out.response_mask.long(), response_width, 0)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    real = right_pad(out.response_mask.long(), response_width, 0)
+    attention_mask = torch.cat([prompt_mask, real], dim=1)
+    # The loss (and the reward's position) covers sampled tokens only: in a multi-turn response the
+    # inserted tool messages are attended to but were not written by the policy.
+    loss_mask = right_pad(out.loss_mask.long(), response_width, 0) if out.loss_mask is not None else real
     tensors = {
         "prompts": prompts,
         "responses": responses,
-        "response_mask": response_mask,
+        "response_mask": loss_mask,
         "input_ids": torch.cat([prompts, responses], dim=1),
         "attention_mask": attention_mask,
         "position_ids": position_ids_from_mask(attention_mask),
@@ -64,4 +69,5 @@ def expand_lists(prompts: Batch, out: RolloutOutput) -> dict[str, list]:
     order = out.prompt_index.tolist()
     lists = {k: [v[i] for i in order] for k, v in prompts.lists.items()}
     lists["finish_reason"] = list(out.finish_reason)
+    lists.update({key: list(values) for key, values in out.extras.items()})
     return lists

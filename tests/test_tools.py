@@ -1,0 +1,246 @@
+"""Tools and tool-using rollouts (issue 18): the calculator, call parsing, argument checks, timeouts
+and crashes, the python sandbox's limits, chat templates with tools, and the multi-turn rollout's
+token accounting on a tiny model fitted to tool-use traces (tests/tool_helpers.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from alignctl.tools import TOOLS, ToolResult, parse_tool_calls, register_tool, run_tool, tool_schemas
+from alignctl.tools.calculator import CalculatorError, evaluate, format_number
+from alignctl.tools.python_sandbox import run_python
+from tool_helpers import TRACES, trace_ids
+
+
+# ------------------------------------------------------------------------------ calculator
+
+
+@pytest.mark.parametrize(("expression", "value"), [("12*34", "408"), ("(12 + 7) * 3", "57"), ("7/2", "3.5"),
+                                                   ("-2**3", "-8"), ("10 // 3 + 10 % 3", "4"), ("1e3 + 1", "1001"),
+                                                   ("2**0.5", "1.41421356237")])
+def test_calculator_values(expression, value):
+    assert format_number(evaluate(expression)) == value
+
+
+@pytest.mark.parametrize(("expression", "why"), [
+    ("__import__('os').system('ls')", "Call is not allowed"), ("x + 1", "Name is not allowed"),
+    ("(1).real", "Attribute is not allowed"), ("'a' * 3", "Constant is not allowed"), ("1 < 2", "Compare"),
+    ("9**9**9", "power too large"), ("1/0", "division by zero"), ("2 +", "not an arithmetic expression"),
+    ("1" * 600, "longer than 500"),
+])
+def test_calculator_refuses_everything_but_arithmetic(expression, why):
+    with pytest.raises(CalculatorError, match=why):
+        evaluate(expression)
+
+
+# ------------------------------------------------------------------------------ calls and arguments
+
+
+def test_parsing_valid_malformed_and_string_arguments():
+    text = ('First <tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call> then '
+            '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}</tool_call> '
+            '<tool_call>{"name": "calculator", "arguments": {</tool_call><tool_call>[1, 2]</tool_call>')
+    calls = parse_tool_calls(text)
+    assert [(c.name, c.arguments, c.error) for c in calls[:2]] == [
+        ("calculator", {"expression": "1+1"}, ""), ("calculator", {"expression": "2*3"}, "")]
+    assert calls[2].error.startswith("malformed JSON in <tool_call>: Expecting property name")
+    assert calls[3].error == 'a <tool_call> must hold {"name": ..., "arguments": {...}}'
+    assert parse_tool_calls("no call here, #### 5") == []
+
+
+def test_arguments_are_checked_against_the_schema():
+    calc = TOOLS.get("calculator")
+    assert calc.check_arguments({"expression": "1+1"}) is None
+    assert calc.check_arguments({"expression": 30}) == "argument 'expression' must be a string, got int"
+    assert calc.check_arguments({}) == "missing argument(s) expression"
+    assert calc.check_arguments({"expression": "1", "x": 1}) == "unknown argument 'x'; expected expression"
+    assert calc.check_arguments(["1+1"]) == "arguments must be a JSON object, got list"
+    counter = register_tool("count_test", "count", {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                    "required": ["n"]})(lambda n: str(n))
+    try:
+        tool = TOOLS.get("count_test")
+        assert tool.check_arguments({"n": 3}) is None and counter(n=3) == "3"
+        assert tool.check_arguments({"n": True}) == "argument 'n' must be a integer, got bool"  # JSON true is not 1
+        assert tool.check_arguments({"n": 1.5}) == "argument 'n' must be a integer, got float"
+    finally:
+        TOOLS.unregister("count_test")
+
+
+def test_a_slow_or_crashing_tool_becomes_a_message():
+    register_tool("slow_test", "sleeps", {"type": "object", "properties": {}}, timeout_s=0.2)(
+        lambda: time.sleep(3) or "late")
+    register_tool("crash_test", "raises", {"type": "object", "properties": {}})(lambda: 1 / 0)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            start = time.perf_counter()
+            slow = run_tool(TOOLS.get("slow_test"), "slow_test", {}, pool)
+            waited = time.perf_counter() - start
+            crash = run_tool(TOOLS.get("crash_test"), "crash_test", {}, pool)
+            unknown = run_tool(None, "abacus", {}, pool)
+            ok = run_tool(TOOLS.get("calculator"), "calculator", {"expression": "6*7"}, pool)
+    finally:
+        TOOLS.unregister("slow_test")
+        TOOLS.unregister("crash_test")
+    assert (slow.ok, slow.error, slow.content) == (False, "timeout", "error: slow_test timed out after 0.2 s")
+    assert waited < 1.0  # the rollout waited the timeout, not the tool
+    assert (crash.error, crash.content) == ("exception", "error: ZeroDivisionError: division by zero")
+    assert (unknown.error, unknown.content) == ("unknown_tool", "error: unknown tool 'abacus'")
+    assert (ok.ok, ok.content) == (True, "42")
+
+
+# ------------------------------------------------------------------------------ the python sandbox
+
+
+def test_python_tool_runs_code_and_cuts_long_output():
+    assert run_python("print(sum(range(10)))") == "45\n"
+    assert run_python("open('scratch.txt', 'w').write('ok'); print(open('scratch.txt').read())") == "ok\n"
+    assert run_python("print('x' * 100000)").endswith("[output cut]")
+
+
+@pytest.mark.parametrize(("code", "needle"), [
+    ("import os\nwhile True:\n    os.fork()", "sandbox: os.fork is not allowed"),  # a fork bomb
+    ("x = bytearray(10 * 1024**3)", "MemoryError"),  # a 10 GB allocation
+    ("import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)", "is not allowed"),
+    ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)", "is not allowed"),
+    ("import subprocess\nsubprocess.run(['ls', '/'])", "sandbox: subprocess.Popen is not allowed"),
+    ("import os\nos.system('touch /tmp/alignctl_escape')", "is not allowed"),
+    ("import ctypes", "sandbox: import is not allowed"),
+    ("while True:\n    pass", "killed by signal"),  # CPU limit
+])
+def test_python_tool_contains(code, needle, tmp_path):
+    outside = tmp_path / "outside.txt"
+    assert needle in run_python(code)
+    assert "outside the working folder is not allowed" in run_python(f"open({str(outside)!r}, 'w').write('x')")
+    assert not outside.exists() and not Path("/tmp/alignctl_escape").exists()
+
+
+def test_the_python_tool_is_off_unless_enabled():
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.errors import UserError
+
+    flags = {"actor_rollout_ref.model.path": "m", "data.train_files": ["t.parquet"], "actor_rollout_ref.rollout.n": 2,
+             "actor_rollout_ref.rollout.multi_turn.enable": True,
+             "actor_rollout_ref.rollout.multi_turn.tools": ["calculator", "python"]}
+    with pytest.raises(UserError, match="enable_python_tool=true"):
+        load_config(RLConfig, None, [], flags=flags)
+    cfg = load_config(RLConfig, None, [], flags=flags | {"actor_rollout_ref.rollout.multi_turn.enable_python_tool": True})
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tools == ["calculator", "python"]
+
+
+# ------------------------------------------------------------------------------ chat templates
+
+
+def test_prompts_present_tools_through_the_template_or_a_system_message(tool_model):
+    from alignctl.models.loading import load_tokenizer
+    from alignctl.tools.chat import render_prompt, tools_system_text
+
+    tok = load_tokenizer(tool_model["model"], padding_side="left")
+    schemas = tool_schemas(["calculator"])
+    text = tok.decode(render_prompt(tok, [{"role": "user", "content": "What is 7+8?"}], schemas))
+    assert text.startswith("<|system|>You can use these tools:") and text.endswith("<|user|>What is 7+8?<|end|><|assistant|>")
+    merged = tok.decode(render_prompt(tok, [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": "Hi"}], schemas))
+    assert merged.startswith("<|system|>Be brief.\n\nYou can use these tools:") and merged.count("<|system|>") == 1
+    # A template that renders `tools` itself (as Qwen2.5's does) gets them as the tools argument.
+    tok.chat_template = ("{%- if tools %}{{ '<|system|>TOOLS:' }}{% for t in tools %}{{ t['function']['name'] }}"
+                         "{% endfor %}{{ '<|end|>' }}{%- endif %}" + tok.chat_template)
+    assert tok.decode(render_prompt(tok, [{"role": "user", "content": "Hi"}], schemas)).startswith(
+        "<|system|>TOOLS:calculator<|end|><|user|>Hi")
+    assert tools_system_text(schemas) not in tok.decode(render_prompt(tok, [{"role": "user", "content": "Hi"}], schemas))
+
+
+def test_tool_turn_ids_are_what_the_template_appends(tool_model):
+    from alignctl.models.loading import load_tokenizer
+    from alignctl.tools.chat import ToolTurns
+
+    tok = load_tokenizer(tool_model["model"], padding_side="left")
+    turns = ToolTurns(tok, (tok.eos_token_id,))
+    ids = turns.ids([ToolResult("calculator", "408", True, 0.0)])
+    assert tok.decode(ids) == "<|tool|>408<|end|><|assistant|>"
+    # a template that marks the last message: the assistant turn renders differently once a tool message follows
+    tok.chat_template = "{% for m in messages %}{% if loop.last %}#{% endif %}{{ m['content'] + '<|end|>' }}{% endfor %}"
+    with pytest.raises(ValueError, match="renders earlier turns differently"):
+        ToolTurns(tok, (tok.eos_token_id,)).ids([ToolResult("calculator", "1", True, 0.0)])
+
+
+# ------------------------------------------------------------------------------ multi-turn rollouts
+
+
+def _rollout(tool_model, max_turns: int = 3, budget: int = 256):
+    from transformers import AutoModelForCausalLM
+
+    from alignctl.models.loading import load_tokenizer
+    from alignctl.rollout.hf_engine import HFRolloutEngine
+    from alignctl.rollout.multi_turn import MultiTurnRollout
+    from alignctl.tools.chat import render_prompt
+
+    tok = load_tokenizer(tool_model["model"], padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(tool_model["model"])
+    engine = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=[tok.eos_token_id])
+    rollout = MultiTurnRollout(engine, tok, ["calculator"], max_turns=max_turns, max_response_length=budget,
+                               stop_ids=[tok.eos_token_id])
+    prompts = [render_prompt(tok, [{"role": "user", "content": q}], tool_schemas(["calculator"])) for q in TRACES]
+    return tok, model, rollout, prompts
+
+
+def test_token_in_token_out_and_loss_masks(tool_model):
+    """Greedy rollouts reproduce the fitted traces; each response is exactly [sampled | inserted |
+    sampled] with the inserted part equal to the template's tool-turn ids for the tool results,
+    and the loss mask is 1 on the sampled tokens only."""
+    from alignctl.rollout.base import SamplingParams
+
+    tok, _, rollout, prompts = _rollout(tool_model)
+    out = rollout.generate(prompts, SamplingParams(n=1, greedy=True, max_new_tokens=256))
+    stop = (tok.eos_token_id,)
+    for i, question in enumerate(TRACES):
+        prompt, response, loss = trace_ids(tok, question, stop)
+        assert prompts[i] == prompt
+        assert out.responses()[i] == response, question
+        assert out.loss_mask[i, :len(loss)].tolist() == loss and int(out.loss_mask[i, len(loss):].sum()) == 0
+        assert out.finish_reason[i] == "stop"
+    assert out.extras["turns"] == [2, 1, 2, 2, 2]
+    assert out.extras["tool_calls"] == [{"calculator": 1}, {}, {"abacus": 1}, {"calculator": 1}, {"<malformed>": 1}]
+    assert out.extras["tool_error_kinds"] == [{}, {}, {"unknown_tool": 1}, {"bad_arguments": 1}, {"malformed": 1}]
+    assert out.extras["tool_valid_calls"] == [1, 0, 0, 0, 0]
+    text = tok.decode(out.responses()[0])
+    assert text == ('<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call><|end|>'
+                    "<|tool|>408<|end|><|assistant|>#### 408<|end|>")
+
+
+def test_turn_and_length_limits_end_a_trajectory(tool_model):
+    from alignctl.rollout.base import SamplingParams
+
+    tok, _, rollout, prompts = _rollout(tool_model, max_turns=1)
+    out = rollout.generate(prompts[:1], SamplingParams(n=1, greedy=True, max_new_tokens=256))
+    # one turn allowed: the call is not run, nothing is inserted
+    assert out.extras["turns"] == [1] and out.extras["tool_calls"] == [{}] and int(out.loss_mask.sum()) == len(out.responses()[0])
+    _, _, short, prompts = _rollout(tool_model, budget=80)
+    cut = short.generate(prompts[:1], SamplingParams(n=1, greedy=True, max_new_tokens=80))
+    assert cut.finish_reason == ["length"] and len(cut.responses()[0]) == 80
+
+
+def test_rollout_log_probs_equal_the_training_forward(tool_model):
+    """Sampled multi-turn responses (temperature 1, n = 2): the engine's log-probs at sampling time
+    and a full training forward over the assembled rows agree on every sampled token (fp32 CPU)."""
+    from alignctl.models.forward import compute_log_probs
+    from alignctl.rollout.base import SamplingParams
+    from alignctl.workers.sequences import assemble
+
+    tok, model, rollout, prompts = _rollout(tool_model)
+    out = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=256, seed=3))
+    tensors = assemble(prompts, out, prompt_width=max(map(len, prompts)), response_width=256, pad_id=tok.pad_token_id)
+    assert tensors["attention_mask"][:, -256:].sum() > tensors["response_mask"].sum()  # tool tokens attended, not trained
+    with torch.no_grad():
+        for packed in (False, True):
+            logp = compute_log_probs(model, tensors["input_ids"], tensors["attention_mask"], 256,
+                                     position_ids=tensors["position_ids"], temperature=1.0,
+                                     use_remove_padding=packed).log_probs
+            mask = tensors["response_mask"].bool()
+            diff = (logp - tensors["rollout_log_probs"]).abs()[mask]
+            assert float(diff.max()) < 1e-5, (packed, float(diff.max()))
