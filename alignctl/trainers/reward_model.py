@@ -227,7 +227,10 @@ def warn_about_pairs(train_files: list[str], val_files: list[str]) -> None:
     from alignctl.audit.quick import quick_audit
     from alignctl.console import console
 
-    found = quick_audit(train_files, val_files)
+    try:
+        found = quick_audit(train_files, val_files)
+    except UserError:
+        return  # a missing file or column: the stage's own checks say so, in their words
     for line in found.lines(", ".join(train_files)):
         console.print(f"[bold yellow]audit warning:[/] {line}")
     if found.lines(""):
