@@ -82,8 +82,7 @@ def _dataset_files(data: Any, scratch: Path, what: str = "train_dataset") -> lis
     preprocess schema), or a list of prompts (strings or chat message lists) -> parquet files."""
     if isinstance(data, (str, Path)):
         return [str(data)]
-    if isinstance(data, (list, tuple)) and data and all(isinstance(d, (str, Path)) for d in data) \
-            and all(str(d).endswith(".parquet") for d in data):
+    if isinstance(data, (list, tuple)) and data and all(_is_file_name(d) for d in data):
         return [str(d) for d in data]
     scratch.mkdir(parents=True, exist_ok=True)
     path = scratch / "train.parquet"
@@ -94,6 +93,12 @@ def _dataset_files(data: Any, scratch: Path, what: str = "train_dataset") -> lis
         return [str(path)]
     raise UserError(f"{what}: expected parquet path(s), a pandas DataFrame, a datasets.Dataset, a list of row "
                     f"dicts or a list of prompts, got {type(data).__name__}")
+
+
+def _is_file_name(item: Any) -> bool:
+    """A list of strings is files when each is a Path, ends in .parquet or names an existing file;
+    otherwise the strings are prompts."""
+    return isinstance(item, Path) or (isinstance(item, str) and (item.endswith(".parquet") or Path(item).is_file()))
 
 
 def _rows_frame(items: list[Any], what: str) -> Any:
