@@ -1,14 +1,14 @@
 """Learning to use a calculator: 3-digit x 3-digit products, tiny model, multi-turn GRPO (issue 18).
 
-    .venv/bin/python scripts/tools_arith_demo.py [--seeds 1 2 3] [--sft-steps 300] [--grpo-steps 30]
+    .venv/bin/python scripts/tools_arith_demo.py [--seeds 1 2 3] [--sft-steps 400] [--grpo-steps 60]
 
 Per seed:
 
 1. Data: questions "What is A * B?" (A, B in 100..999), 2000 for RL, 200 held out.
-2. A char-level tiny model, fitted for ``--sft-steps`` on tool-use traces (a calculator call that
-   copies the two numbers, the real tool result, then ``#### product``) built with the same
-   pieces the rollout uses; loss on the model's own turns only. A short fit: it is meant to teach
-   the format, not to finish the job.
+2. A char-level tiny model (4 layers, hidden 128), fitted for ``--sft-steps`` batches of 16 on
+   tool-use traces (a calculator call that copies the two numbers, the real tool result, then
+   ``#### product``) built with the same pieces the rollout uses; loss on the model's own turns
+   only. Its chat template renders the tool list in a few characters (``tools: calculator``).
 3. ``alignctl grpo`` with multi-turn rollouts and the calculator: the strict ``#### N`` reward,
    validation on the held-out questions before and after (greedy, with the tool).
 4. ``alignctl eval`` of the GRPO policy without tools (single-turn, the prompt has no tool list).
@@ -33,13 +33,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 ALIGNCTL = str(ROOT / ".venv" / "bin" / "alignctl")
+COMPACT_TOOLS = ("{%- if tools %}{{ '<|system|>tools: ' }}{% for t in tools %}{{ t['function']['name'] + ' ' }}"
+                 "{% endfor %}{{ '<|end|>' }}{%- endif %}")
 CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}</tool_call>'
 
 
-def questions(seed: int, count: int, avoid: set[tuple[int, int]]) -> list[tuple[int, int]]:
-    rng, out = random.Random(f"tools-arith:{seed}:{count}"), []
+def questions(seed: int, count: int, avoid: set[tuple[int, int]], digits: int = 3) -> list[tuple[int, int]]:
+    rng, out = random.Random(f"tools-arith:{seed}:{count}:{digits}"), []
+    low, high = 10 ** (digits - 1), 10 ** digits - 1
     while len(out) < count:
-        pair = (rng.randint(100, 999), rng.randint(100, 999))
+        pair = (rng.randint(low, high), rng.randint(low, high))
         if pair not in avoid:
             avoid.add(pair)
             out.append(pair)
@@ -60,15 +63,19 @@ def fit_on_traces(root: Path, pairs: list[tuple[int, int]], steps: int, seed: in
     from alignctl.models.tiny import init_model
     from alignctl.tools import ToolResult, tool_schemas
     from alignctl.tools.calculator import calculator
-    from alignctl.tools.chat import ToolTurns, render_prompt, tools_system_text
+    from alignctl.tools.chat import ToolTurns, render_prompt
 
     vocab = root / "vocab.jsonl"
     schemas = tool_schemas(["calculator"])
-    texts = [tools_system_text(schemas), CALL.format(a=123, b=456), "What is 0123456789 * ?####"]
+    texts = ["tools: calculator", CALL.format(a=123, b=456), "What is 0123456789 * ?####"]
     vocab.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     init_model(out=root / "base", tokenizer_from=[vocab], hidden=128, layers=4, heads=4, tokenizer_kind="char",
                seed=seed, max_position_embeddings=1024)
     tok = load_tokenizer(root / "base", padding_side="left")
+    # A template that renders the tool list itself, in a few characters: the generic system message
+    # (the JSON schemas, ~400 characters) would triple every sequence of a character-level model.
+    tok.chat_template = COMPACT_TOOLS + tok.chat_template
+    tok.save_pretrained(root / "base")
     eos = int(tok.eos_token_id)
     turns = ToolTurns(tok, (eos,))
 
@@ -104,12 +111,12 @@ def fit_on_traces(root: Path, pairs: list[tuple[int, int]], steps: int, seed: in
     return root / "sft"
 
 
-def grpo(root: Path, model: Path, train: Path, test: Path, seed: int, steps: int) -> list[dict]:
+def grpo(root: Path, model: Path, train: Path, test: Path, seed: int, steps: int, lr: float) -> list[dict]:
     run = root / "grpo"
     args = [ALIGNCTL, "grpo", f"actor_rollout_ref.model.path={model}", f"data.train_files=[{train}]",
             f"data.val_files=[{test}]", f"trainer.run_dir={run}", "data.train_batch_size=16",
             "data.max_prompt_length=1024", "data.max_response_length=160", "actor_rollout_ref.rollout.n=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.optim.lr=5e-4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16", f"actor_rollout_ref.actor.optim.lr={lr}",
             "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
             "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.max_turns=3",
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={max(1, steps // 3)}",
@@ -127,16 +134,18 @@ def no_tools_accuracy(root: Path, policy: Path, test: Path) -> float:
     return float(results["accuracy"]["arith"]["pass@1"])
 
 
-def run_seed(seed: int, sft_steps: int, grpo_steps: int) -> dict:
+def run_seed(seed: int, sft_steps: int, grpo_steps: int, sft_digits: int, lr: float, keep: Path | None = None) -> dict:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="alignctl-tools-") as name:
-        root = Path(name)
+        root = Path(name) if keep is None else keep / f"seed{seed}"
+        root.mkdir(parents=True, exist_ok=True)
         test_pairs = questions(seed, 200, set())
         train_pairs = questions(seed + 1000, 2000, set(test_pairs))
         prompt_rows(train_pairs).to_parquet(root / "train.parquet")
         prompt_rows(test_pairs).to_parquet(root / "test.parquet")
-        sft = fit_on_traces(root, train_pairs, sft_steps, seed)
-        rows = grpo(root, sft, root / "train.parquet", root / "test.parquet", seed, grpo_steps)
+        # --sft-digits 2 teaches the call format on smaller numbers; RL and the held-out test use 3 digits.
+        sft = fit_on_traces(root, questions(seed + 2000, 2000, set(), sft_digits), sft_steps, seed)
+        rows = grpo(root, sft, root / "train.parquet", root / "test.parquet", seed, grpo_steps, lr)
         val = [r for r in rows if "val-core/arith/acc/mean@1" in r]
         train = [r for r in rows if "multi_turn/valid_call_share" in r]
         without = no_tools_accuracy(root, root / "grpo" / "actor", root / "test.parquet")
@@ -150,11 +159,15 @@ def run_seed(seed: int, sft_steps: int, grpo_steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--sft-steps", type=int, default=300)
-    parser.add_argument("--grpo-steps", type=int, default=30)
+    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--grpo-steps", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate (5e-4 collapsed 3 of 6 runs)")
+    parser.add_argument("--keep", type=Path, help="write each seed's data, models and runs here (kept)")
+    parser.add_argument("--sft-digits", type=int, default=3, help="operand digits of the SFT traces (2: the "
+                                                                  "format on easier numbers; 0.0 on 3 digits after)")
     args = parser.parse_args()
     for seed in args.seeds:
-        print(json.dumps(run_seed(seed, args.sft_steps, args.grpo_steps)), flush=True)
+        print(json.dumps(run_seed(seed, args.sft_steps, args.grpo_steps, args.sft_digits, args.lr, args.keep)), flush=True)
 
 
 if __name__ == "__main__":
