@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from alignctl.config.core import build_config
+from alignctl.config.rl import MonitorConfig
 from alignctl.monitor import Monitor, Thresholds
 from alignctl.trainers.rl_trainer import make_monitor
 
@@ -22,7 +24,8 @@ from alignctl.trainers.rl_trainer import make_monitor
 def replay(run_dir: Path) -> tuple[int, list[str]]:
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
     section = (config or {}).get("monitor")
-    monitor = make_monitor(type("Section", (), section)) if section else Monitor(Thresholds())
+    # Keys the run's config predates take today's defaults.
+    monitor = make_monitor(build_config(MonitorConfig, section)) if section else Monitor(Thresholds())
     lines, steps = [], 0
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)

@@ -99,6 +99,21 @@ def test_reward_hacking_against_validation_accuracy():
     assert _fired(stream, window=2) == [(7, "reward_hacking")]
 
 
+def test_tool_collapse_when_the_policy_stops_calling_tools():
+    calls = [0.9, 0.9, 0.8, 0.9, 0.9, 0.2, 0.0, 0.0]
+    stream = [{"multi_turn/calls_per_sample": c} for c in calls]
+    # W=2: start 0.9. Step 6: recent (0.9 + 0.2) / 2 = 0.55 >= 0.25 x 0.9 = 0.225. Step 7: recent
+    # (0.2 + 0.0) / 2 = 0.1 < 0.225 -> fires at step 7 (once: step 8 continues the same condition).
+    assert _fired(stream, window=2) == [(7, "tool_collapse")]
+
+
+def test_every_alarm_has_a_config_name():
+    from alignctl.config.rl import MONITOR_ALARMS
+    from alignctl.monitor import ALARM_NAMES
+
+    assert set(MONITOR_ALARMS) == set(ALARM_NAMES)
+
+
 def test_non_finite_numbers_fire_at_once():
     assert _fired([{"actor/pg_loss": 0.3}, {"actor/pg_loss": math.nan, "actor/grad_norm": math.inf}]) == \
         [(2, "non_finite")]

@@ -261,7 +261,7 @@ class AlgorithmConfig:
 
 
 MONITOR_ALARMS = ("non_finite", "reward_hacking", "entropy_collapse", "length_blowup", "length_collapse",
-                  "mode_collapse", "kl_budget")
+                  "mode_collapse", "kl_budget", "tool_collapse")
 MONITOR_POLICIES = ("warn", "stop", "ignore")
 
 
@@ -282,6 +282,8 @@ class MonitorConfig:
     length_low: float = field(0.5, gt=0, le=1, help="length_collapse: recent mean response length below this fraction of its start.")
     min_unique: float = field(0.25, gt=0, le=1, help="mode_collapse: share of distinct responses in a batch below this.")
     kl_budget: float = field(0.5, gt=0, help="kl_budget: recent actor/reference_kl (nats per token) above this.")
+    tool_use_low: float = field(0.25, gt=0, le=1, help="tool_collapse (multi-turn): recent tool calls per sample below "
+                                                       "this fraction of their start.")
 
 
 @dataclass

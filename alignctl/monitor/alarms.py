@@ -18,6 +18,7 @@ overlap. Each rule returns a one-line reason, or None.
 | length_collapse  | recent(response_length/mean) < length_low (0.5) x start                       |
 | mode_collapse    | recent(monitor/unique_in_batch) < min_unique (0.25)                           |
 | kl_budget        | recent(actor/reference_kl, else actor/kl_loss) > kl_budget (0.5 nats/token)   |
+| tool_collapse    | recent(multi_turn/calls_per_sample) < tool_use_low (0.25) x start             |
 
 The proxy is what the policy optimises (the reward model's score when one is used, else the
 total score); the gold signal is the rule score when a reward model is also used, else the
@@ -46,6 +47,7 @@ class Thresholds:
     length_low: float = 0.5
     min_unique: float = 0.25
     kl_budget: float = 0.5
+    tool_use_low: float = 0.25
 
 
 def _mean(values: list[float]) -> float:
@@ -164,4 +166,7 @@ RULES: dict[str, Callable[[dict[str, Series], dict[str, Any], Thresholds], str |
     "length_collapse": _ratio_rule("response_length/mean", lambda t: t.length_low, None, "responses shrank"),
     "mode_collapse": mode_collapse,
     "kl_budget": kl_budget,
+    # Multi-turn runs: the policy stops calling its tools (seen within one step at a high lr).
+    "tool_collapse": _ratio_rule("multi_turn/calls_per_sample", lambda t: t.tool_use_low, None,
+                                 "the policy stopped calling its tools"),
 }

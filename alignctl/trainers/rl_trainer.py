@@ -351,7 +351,7 @@ def make_monitor(cfg: Any) -> Monitor:
     """The monitor of a ``monitor`` config section."""
     thresholds = Thresholds(window=cfg.window, gold_drop=cfg.gold_drop, entropy_floor=cfg.entropy_floor,
                             length_high=cfg.length_high, length_low=cfg.length_low, min_unique=cfg.min_unique,
-                            kl_budget=cfg.kl_budget)
+                            kl_budget=cfg.kl_budget, tool_use_low=cfg.tool_use_low)
     return Monitor(thresholds, dict(cfg.policies), cfg.policy)
 
 
