@@ -20,11 +20,11 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 from alignctl.errors import UserError
+from alignctl.user_code import import_file
 
 __all__ = ["ENTRY_POINT_GROUP", "PLUGINS_KEY", "import_roots", "load_plugins", "normalize_plugins", "where_plugins_come_from"]
 
@@ -94,16 +94,12 @@ def _import_module(name: str, key: str) -> ModuleType:
 def _import_file(path: str, key: str) -> ModuleType:
     # A stable module name, so classes and functions defined there pickle by reference.
     name = "alignctl_plugin_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise UserError(f"key {key!r}: cannot import {path!r} as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        module = import_file(name, path)
     except Exception as exc:  # noqa: BLE001 - SyntaxError included: one line naming the file
-        del sys.modules[name]
         raise UserError(f"key {key!r}: importing plugin file {path} failed: {type(exc).__name__}: {exc}") from None
+    if module is None:
+        raise UserError(f"key {key!r}: cannot import {path!r} as Python")
     return module
 
 

@@ -8,7 +8,6 @@ Prompts longer than ``max_prompt_length`` are filtered out and counted, never tr
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 from alignctl.batch import Batch
 from alignctl.errors import UserError
 from alignctl.tools.chat import render_prompt
+from alignctl.user_code import import_file
 
 # reward_model (the rule ground truth) is optional: reward-model-only runs (e.g. HH) have none.
 REQUIRED_COLUMNS = ("data_source",)
@@ -100,11 +100,11 @@ class RLPromptDataset:
 
 
 def load_dataset_class(path: str, name: str) -> type:
-    spec = importlib.util.spec_from_file_location(f"alignctl_user_dataset_{Path(path).stem}", path)
-    if spec is None or not Path(path).exists():
+    if not Path(path).exists():
         raise UserError(f"{path}: data.custom_cls.path not found")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = import_file(f"alignctl_user_dataset_{Path(path).stem}", path)
+    if module is None:
+        raise UserError(f"{path}: data.custom_cls.path not found")
     if not hasattr(module, name):
         raise UserError(f"{path}: no class {name!r} (data.custom_cls.name)")
     return getattr(module, name)

@@ -15,10 +15,8 @@ file loaded by path has no importable module name, so plain pickling could not f
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 import numbers
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from alignctl.errors import UserError
+from alignctl.user_code import import_file
 
 _MODULES: dict[str, ModuleType] = {}
 _MODULES_LOCK = threading.Lock()
@@ -41,20 +40,14 @@ def _import_file(path: Path) -> ModuleType:
         if key in _MODULES:
             return _MODULES[key]
         name = "alignctl_user_reward_" + hashlib.sha1(key.encode()).hexdigest()[:12]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise UserError(f"reward function file {path} cannot be imported as Python (expected a .py file)")
-        module = importlib.util.module_from_spec(spec)
-        # Registered before running it so dataclasses/pickle inside the user's module resolve.
-        sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            module = import_file(name, path)
         except SyntaxError as exc:
-            del sys.modules[name]
             raise UserError(f"syntax error in reward function file {path} line {exc.lineno}: {exc.msg}") from exc
         except Exception as exc:
-            del sys.modules[name]
             raise UserError(f"importing reward function file {path} raised {type(exc).__name__}: {exc}") from exc
+        if module is None:
+            raise UserError(f"reward function file {path} cannot be imported as Python (expected a .py file)")
         _MODULES[key] = module
         return module
 

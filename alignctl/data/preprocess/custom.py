@@ -8,8 +8,6 @@ in by alignctl. Every returned row is validated; a violation names the input fil
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 from alignctl.data.preprocess.common import Context
 from alignctl.data.readers import Record, read_records, split_files
 from alignctl.errors import UserError
+from alignctl.user_code import import_file
 
 MapFn = Callable[[dict[str, Any]], Any]
 
@@ -30,16 +29,12 @@ def load_map_fn(spec: str) -> MapFn:
     if not path.is_file():
         raise UserError(f"key 'map_fn': file {file!r} not found")
     module_name = f"alignctl_user_map_fn_{abs(hash(str(path.resolve())))}"
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise UserError(f"key 'map_fn': {file!r} is not an importable Python file")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module  # dataclasses and pickling in the user's file look it up
     try:
-        loader_spec.loader.exec_module(module)
+        module = import_file(module_name, path)
     except Exception as exc:  # the user's module may fail in any way; report it on one line
-        sys.modules.pop(module_name, None)
         raise UserError(f"key 'map_fn': importing {file!r} failed: {type(exc).__name__}: {exc}") from None
+    if module is None:
+        raise UserError(f"key 'map_fn': {file!r} is not an importable Python file")
     fn = getattr(module, name, None)
     if fn is None:
         raise UserError(f"key 'map_fn': {file!r} has no function {name!r}")
