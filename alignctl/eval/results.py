@@ -95,7 +95,7 @@ class EvalResults:
         reference = self.config.get("reference") or "none"
         lines = [f"EvalResults: {self.num_prompts} prompts x {self.n}, policy {self.config.get('policy')}, "
                  f"reference {reference}"]
-        lines += [f"  {key:<{width}}  {_number(value)}" for key, value in rows.items()]
+        lines += [f"  {key:<{width}}  {number_text(value)}" for key, value in rows.items()]
         return "\n".join(lines)
 
     __repr__ = __str__  # the dataclass repr would print every sample
@@ -107,5 +107,6 @@ class EvalResults:
         return jsonable(data)
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
+    """A headline number as shown in tables: whole numbers without decimals, others to 4 places."""
     return str(int(value)) if float(value).is_integer() else f"{value:.4f}"

@@ -12,8 +12,10 @@ Only one model is in memory at a time (policy, then reference, then reward model
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from alignctl.eval import stats
 from alignctl.eval.accuracy import rule_accuracy
 from alignctl.eval.data import PreferencePair, PromptRow, load_preference_pairs, load_prompt_rows, rows_from_python
 from alignctl.eval.generate import Generations, generate, tokenize_prompts
-from alignctl.eval.results import EvalResults
+from alignctl.eval.results import EvalResults, number_text
 from alignctl.eval.scoring import RewardScorer, response_conversations
 
 STAGE = "eval"
@@ -72,20 +74,33 @@ def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, lis
             for role, path in _models(cfg).items()}
 
 
+@contextlib.contextmanager
+def reward_scorer(cfg: EvalConfig, path: str, device: str, progress: bool) -> Iterator[RewardScorer]:
+    """A scorer for the reward model at ``path`` with the eval's settings, closed afterwards."""
+    scorer = RewardScorer(path, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
+                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress)
+    try:
+        yield scorer
+    finally:
+        scorer.close()
+
+
+def role_scores(scorer: RewardScorer, rows: list[PromptRow], gens: dict[str, Generations], n: int,
+                label: str) -> dict[str, np.ndarray]:
+    """The scorer's reward [P, n] of every model's responses."""
+    prompts = [r.messages for r in rows]
+    return {role: scorer.score(response_conversations(prompts, g.texts), f"{label} ({role})").reshape(len(rows), n)
+            for role, g in gens.items()}
+
+
 def score_all(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], pairs: list[PreferencePair] | None,
               device: str, progress: bool) -> tuple[dict[str, np.ndarray], dict[str, float], int, bool]:
     """Rewards [P, n] per model, preference-pair stats, RM truncation count, normalised?"""
     assert cfg.reward_model is not None
-    scorer = RewardScorer(cfg.reward_model, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
-                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress)
-    try:
-        prompts = [r.messages for r in rows]
-        rewards = {role: scorer.score(response_conversations(prompts, g.texts), f"scoring ({role})").reshape(len(rows), cfg.n)
-                   for role, g in gens.items()}
+    with reward_scorer(cfg, cfg.reward_model, device, progress) as scorer:
+        rewards = role_scores(scorer, rows, gens, cfg.n, "scoring")
         preference = preference_consistency(scorer, pairs) if pairs else {}
         return rewards, preference, scorer.truncated, scorer.normalization is not None
-    finally:
-        scorer.close()
 
 
 def preference_consistency(scorer: RewardScorer, pairs: list[PreferencePair]) -> dict[str, float]:
@@ -191,14 +206,8 @@ def judge_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generat
                  progress: bool) -> dict[str, Any]:
     """The win rate of the policy over the reference by a second reward model (the judge)."""
     assert cfg.judge_model is not None
-    scorer = RewardScorer(cfg.judge_model, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
-                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress)
-    try:
-        prompts = [r.messages for r in rows]
-        scores = {role: scorer.score(response_conversations(prompts, gens[role].texts), f"judging ({role})")
-                  .reshape(len(rows), cfg.n) for role in ("policy", "reference")}
-    finally:
-        scorer.close()
+    with reward_scorer(cfg, cfg.judge_model, device, progress) as scorer:
+        scores = role_scores(scorer, rows, {r: gens[r] for r in ("policy", "reference")}, cfg.n, "judging")
     outcome = win_rate_fields(scores["policy"], scores["reference"], gens["policy"].char_lengths,
                               gens["reference"].char_lengths, cfg)
     return {"judge_win_rate": outcome["win_rate"], "judge_win_rate_ci": outcome["win_rate_ci"]}
@@ -318,7 +327,7 @@ def print_eval_report(results: EvalResults) -> None:
     """Headline numbers as a console table (the CLI calls this after :func:`run_eval`)."""
     from alignctl.console import print_table
 
-    rows = [[k, f"{v:.4f}" if not float(v).is_integer() else int(v)] for k, v in results.headline().items()]
+    rows = [[k, number_text(v)] for k, v in results.headline().items()]
     title = f"eval -> {results.out_dir}" if results.out_dir else "eval"
     print_table(title, ["metric", "value"], rows)
     from alignctl.console import console
