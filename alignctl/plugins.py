@@ -59,8 +59,9 @@ def normalize_plugins(specs: list[str], *, key: str = PLUGINS_KEY) -> list[str]:
 
 def load_plugins(specs: list[str], *, key: str = PLUGINS_KEY) -> list[str]:
     """Import every plugin in ``specs`` and every ``alignctl.plugins`` entry point not yet
-    imported in this process; returns what is loaded (for messages)."""
-    for spec in normalize_plugins(specs, key=key):
+    imported in this process; returns ``specs`` normalized (files as absolute paths)."""
+    normalized = normalize_plugins(specs, key=key)
+    for spec in normalized:
         if spec not in _LOADED:
             _LOADED[spec] = _import_file(spec, key) if is_file_spec(spec) else _import_module(spec, key)
     for entry in _entry_points():
@@ -72,7 +73,7 @@ def load_plugins(specs: list[str], *, key: str = PLUGINS_KEY) -> list[str]:
                 dist = entry.dist.name if entry.dist is not None else "an installed package"
                 raise UserError(f"plugin {label} (from {dist}, group {ENTRY_POINT_GROUP!r}) failed to import: "
                                 f"{type(exc).__name__}: {exc}") from None
-    return list(_LOADED)
+    return normalized
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from alignctl.config.core import field, section
 from alignctl.errors import UserError
-from alignctl.plugins import load_plugins, normalize_plugins, where_plugins_come_from
+from alignctl.plugins import load_plugins, where_plugins_come_from
 
 STRATEGIES = ("ddp", "fsdp2", "deepspeed")
 CRITIC_ESTIMATORS = ("gae",)
@@ -342,8 +342,7 @@ class RLConfig:
         from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
 
         # Absolute file paths, so that workers (other folders, other nodes) import the same files.
-        self.algorithm.plugins = normalize_plugins(self.algorithm.plugins)
-        load_plugins(self.algorithm.plugins)
+        self.algorithm.plugins = load_plugins(self.algorithm.plugins)
         estimator = self.algorithm.adv_estimator
         if estimator not in ADV_ESTIMATORS:
             raise UserError(f"key 'algorithm.adv_estimator' expected one of {', '.join(ADV_ESTIMATORS)}, got "
