@@ -174,7 +174,7 @@ class RLHFTrainer:
     def train(self, num_episodes: int) -> Any:
         """Train on ``num_episodes`` prompts (rounded up to whole steps of ``batch_size``); returns
         the ``RunResult`` (``steps``, per-step ``history``, ``val_history``, ``run_dir``, ``policy_dir``)."""
-        from alignctl.trainers.rl_trainer import create_trainer
+        from alignctl.trainers.rl_factory import create_trainer
 
         from alignctl.preflight import preflight
 

@@ -247,7 +247,7 @@ TrustOpt = Annotated[bool, typer.Option("--trust-checkpoint", help="Resume from 
 def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], overwrite: bool, trust: bool) -> None:
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
-    from alignctl.trainers.rl_trainer import create_trainer
+    from alignctl.trainers.rl_factory import create_trainer
 
     flags = {"trainer.trust_checkpoint": True} if trust else None
     cfg = load_config(RLConfig, config, overrides, base=base, flags=flags)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from alignctl.trainers.dapo import DAPOTrainer, informative_groups
-from alignctl.trainers.rl_trainer import create_trainer
+from alignctl.trainers.rl_factory import create_trainer
 from alignctl.workers.group import init_ray
 from rl_helpers import all_finite, make_assets, read_metrics, rl_config
 

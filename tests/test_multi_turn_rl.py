@@ -33,7 +33,7 @@ def _config(tool_model, run_dir, *overrides: str):
 def _fit(cfg):
     import ray
 
-    from alignctl.trainers.rl_trainer import create_trainer
+    from alignctl.trainers.rl_factory import create_trainer
 
     try:
         return create_trainer(cfg).fit()

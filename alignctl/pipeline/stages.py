@@ -78,7 +78,7 @@ def _train_rm(cfg: Any) -> dict[str, Any]:
 
 
 def _rl(cfg: Any) -> dict[str, Any]:
-    from alignctl.trainers.rl_trainer import create_trainer
+    from alignctl.trainers.rl_factory import create_trainer
 
     result = create_trainer(cfg).fit()
     metrics: dict[str, Any] = {"steps": result.steps}

@@ -355,15 +355,6 @@ def make_monitor(cfg: Any) -> Monitor:
     return Monitor(thresholds, dict(cfg.policies), cfg.policy)
 
 
-def create_trainer(cfg: RLConfig) -> RLTrainer:
-    """The loop for a config: DAPO's dynamic sampling when algorithm.filter_groups.enable."""
-    if cfg.algorithm.filter_groups.enable:
-        from alignctl.trainers.dapo import DAPOTrainer
-
-        return DAPOTrainer(cfg)
-    return RLTrainer(cfg)
-
-
 def is_on_policy(cfg: RLConfig) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): the policy that sampled is the one
     being updated, so the PPO ratio's "old" log-probs equal the current ones detached and the

@@ -26,7 +26,7 @@ from torch import nn
 
 from alignctl.config.rl import DeepSpeedConfig
 from alignctl.errors import UserError
-from alignctl.workers.strategy import TrainEngine
+from alignctl.workers.train_engine import TrainEngine
 
 # The sub-folder name DeepSpeed's checkpoint gets inside a worker's checkpoint folder.
 _DS_TAG = "deepspeed"

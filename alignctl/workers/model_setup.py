@@ -21,7 +21,8 @@ from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, 
 from alignctl.errors import UserError
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
-from alignctl.workers.strategy import TrainEngine, build_lr_scheduler, build_optimizer, make_engine
+from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
+from alignctl.workers.train_engine import TrainEngine
 
 
 def resolve_attn_implementation(name: str, device: str, packed: bool) -> str:

@@ -15,7 +15,7 @@ import torch
 from alignctl.batch import Batch
 from alignctl.workers.microbatching import MicroBatchPlan, all_reduce_sum, global_counts, micro_batches
 from alignctl.workers.microbatching import mini_batches
-from alignctl.workers.strategy import TrainEngine
+from alignctl.workers.train_engine import TrainEngine
 
 LossFn = Callable[[Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
