@@ -236,6 +236,23 @@ def _rm_trainer(cfg: RewardModelConfig, train: Path):  # noqa: ANN202
         return rmod.build_rm_trainer(cfg, tokenizer, pairs, None, train.parent / "scratch", progress=False), pairs, tokenizer
 
 
+def test_freeze_layers_keeps_the_trunk_of_the_saved_rm(small: tuple[Path, Path], tmp_path: Path) -> None:
+    """train-rm with model.freeze_layers=2 (every layer of the tiny model): the saved reward model's
+    embeddings and blocks equal the base model's tensors, only the final norm and score head trained."""
+    from safetensors.torch import load_file
+
+    from alignctl.trainers.reward_model import run_train_rm
+
+    data, model = small
+    cfg = rm_config(model, data / "pref_train.parquet", None, tmp_path / "rm", "model.freeze_layers=2",
+                    "optim.lr=1e-3", "trainer.micro_batch_size=8", "trainer.total_epochs=1")
+    base, saved = load_file(model / "model.safetensors"), load_file(run_train_rm(cfg, progress=False).output_dir / "model.safetensors")
+    trunk = [n for n in base if n.startswith("model.") and not n.startswith("model.norm")]
+    assert trunk and all(torch.equal(base[n], saved[n]) for n in trunk)
+    assert not torch.equal(base["model.norm.weight"], saved["model.norm.weight"])
+    assert "score.weight" in saved
+
+
 def test_margin_column_and_center_coefficient_reach_trl(small: tuple[Path, Path], tmp_path: Path) -> None:
     data, model = small
     rows = pd.read_parquet(data / "pref_train.parquet").head(4)

@@ -144,6 +144,35 @@ def test_sft_seeded_runs_are_identical(setup: tuple[Path, Path], tmp_path: Path)
     assert a["train/loss_end"] == b["train/loss_end"] and a["val/loss"] == b["val/loss"]
 
 
+def test_freeze_layers_trains_only_the_layers_above(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """model.freeze_layers=1 on a 2-layer model: the embeddings (tied with the LM head) and layer 0
+    come out bit-identical, layer 1 and the final norm move, and the frozen tensors get no gradient
+    (backward never reaches them)."""
+    data, model = setup
+    trainer, _ = _trainer(sft_config(data, model, tmp_path / "out", "model.freeze_layers=1", "optim.lr=3e-3",
+                                     "trainer.max_steps=3", "trainer.micro_batch_size=8"))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    frozen = [n for n in before if ".layers.0." in n or "embed_tokens" in n]
+    trained = [n for n in before if ".layers.1." in n]
+    assert frozen and trained
+    for name in frozen:
+        assert torch.equal(before[name], after[name]), name
+        assert after[name].grad is None and not after[name].requires_grad, name
+    moved = [n for n in trained if not torch.equal(before[n], after[n])]
+    assert len(moved) == len(trained), sorted(set(trained) - set(moved))
+
+
+def test_freeze_layers_out_of_range_is_a_one_line_error(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    data, model = setup
+    with pytest.raises(UserError, match="'model.freeze_layers' expected an integer >= 0, got -1"):
+        sft_config(data, model, tmp_path / "o", "model.freeze_layers=-1")
+    msg = _one_line_error(sft_config(data, model, tmp_path / "o", "model.freeze_layers=3"))
+    assert "'model.freeze_layers' is 3 but the model has 2 layers" in msg and str(model) in msg
+    assert not (tmp_path / "o").exists()
+
+
 # ------------------------------------------------------------------------------- data shapes
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from alignctl.config.core import field, section
-from alignctl.config.sft import ModelConfig, OptimConfig, SFTTrainerConfig, check_loop_keys
+from alignctl.config.sft import ModelConfig, OptimConfig, SFTTrainerConfig, check_loop_keys, check_model_keys
 from alignctl.errors import UserError
 
 
@@ -51,6 +51,7 @@ class RewardModelConfig:
     def validate(self) -> None:
         if not self.model.path:
             raise UserError("train-rm: key 'model.path' is required (a Hugging Face model folder)")
+        check_model_keys(self.model)
         check_loop_keys(self.trainer, self.data.max_length, self.optim.lr, self.optim.warmup_ratio)
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise UserError(f"key 'data.val_fraction' expected a number in [0, 1), got {self.data.val_fraction}")

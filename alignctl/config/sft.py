@@ -30,6 +30,10 @@ class ModelConfig:
                                                   "so packed sequences stay isolated); or any name transformers "
                                                   "accepts.")
     trust_remote_code: bool = field(False, help="Allow model code shipped with the checkpoint.")
+    freeze_layers: int = field(0, help="Freeze the input embeddings and the first N transformer layers; only the "
+                                       "layers above them and the head train. Backward stops at layer N, so a "
+                                       "step costs less (a reward model on a real model on CPU). With tied "
+                                       "embeddings the LM head is frozen too. 0: train everything.")
 
 
 @dataclass
@@ -101,9 +105,16 @@ class SFTConfig:
             raise UserError("sft: key 'model.path' is required (a Hugging Face model folder)")
         if not self.data.train_files:
             raise UserError("sft: key 'data.train_files' is required (one or more parquet files)")
+        check_model_keys(self.model)
         check_loop_keys(self.trainer, self.data.max_length, self.optim.lr, self.optim.warmup_ratio)
         if self.data.max_samples is not None and self.data.max_samples <= 0:
             raise UserError(f"key 'data.max_samples' expected a positive integer, got {self.data.max_samples}")
+
+
+def check_model_keys(model: ModelConfig) -> None:
+    """Range checks of the model section, shared with the reward-model schema."""
+    if model.freeze_layers < 0:
+        raise UserError(f"key 'model.freeze_layers' expected an integer >= 0, got {model.freeze_layers}")
 
 
 def check_loop_keys(trainer: SFTTrainerConfig, max_length: int | None, lr: float, warmup_ratio: float) -> None:

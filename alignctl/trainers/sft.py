@@ -66,6 +66,7 @@ def build_sft_trainer(cfg: SFTConfig, tokenizer: Any, train: datasets.Dataset, v
                                callbacks=[common.progress_callback(progress, "sft")]),
         f"sft: model.path '{cfg.model.path}'")
     common.drop_printer_callback(trainer)
+    common.freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"sft: model.path '{cfg.model.path}'")
     return trainer
 
 

@@ -101,8 +101,9 @@ def _cuda() -> bool:
 
 
 def resolve_precision(precision: str) -> dict[str, bool]:
-    """``trainer.precision`` -> bf16/fp16 flags. bf16 autocast on CPU is slower than fp32, so
-    'auto' only turns it on for a GPU that supports it."""
+    """``trainer.precision`` -> bf16/fp16 flags. bf16 autocast on a CPU pays only with bf16 matmul
+    instructions (avx512_bf16 / AMX: 2.5x on SmolLM2, docs/models.md) and costs elsewhere (and on
+    tiny models), so 'auto' only turns it on for a GPU that supports it; CPU users ask for it."""
     import torch
 
     if precision == "auto":
@@ -184,6 +185,34 @@ def make_trainer(build: Callable[[], Any], what: str) -> Any:
     except (ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{what}: {first}") from exc
+
+
+def freeze_bottom_layers(model: Any, n: int, where: str) -> None:
+    """Freeze the input embeddings and the first ``n`` decoder layers (``model.freeze_layers``).
+
+    Nothing below layer ``n`` then requires a gradient, so autograd's backward stops there: a
+    step costs a forward plus the backward of the layers that train."""
+    if n == 0:
+        return
+    layers = decoder_layers(model)
+    if n > len(layers):
+        raise UserError(f"{where}: key 'model.freeze_layers' is {n} but the model has {len(layers)} layers")
+    frozen = [model.get_input_embeddings(), *layers[:n]]
+    for module in frozen:
+        for param in module.parameters():
+            param.requires_grad_(False)
+
+
+def decoder_layers(model: Any) -> Any:
+    """The model's stack of transformer blocks: the ModuleList as long as config.num_hidden_layers."""
+    import torch
+
+    count = getattr(model.config, "num_hidden_layers", None)
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise UserError(f"model.freeze_layers: cannot find the {count} transformer layers of "
+                    f"{type(model).__name__}; set model.freeze_layers=0")
 
 
 def check_model_folder(path: str, what: str = "model.path") -> None:
