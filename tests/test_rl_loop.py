@@ -74,6 +74,23 @@ def test_dr_grpo_configuration_runs(assets, tmp_path):
     assert all(all_finite(r) for r in read_metrics(tmp_path / "run"))
 
 
+def test_bf16_precision_runs_every_role_and_keeps_fp32_weights(assets, tmp_path):
+    """trainer.precision=bf16 with a critic (GAE) and a reference (KL loss): finite metrics, real
+    gradients, the step-1 KL to the identical reference ~0 (both sides ran under the same autocast),
+    and the exported policy keeps float32 weights (only forwards are bf16)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = rl_config(assets, tmp_path / "run", "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
+                    "trainer.precision=bf16")
+    result = RLTrainer(cfg).fit()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2] and all(all_finite(r) for r in rows)
+    assert rows[0]["actor/grad_norm"] > 0 and rows[0]["critic/vf_loss"] > 0
+    assert abs(rows[0]["actor/kl_loss"]) < 1e-3, rows[0]
+    exported = AutoModelForCausalLM.from_pretrained(result.policy_dir, dtype="auto")
+    assert exported.model.embed_tokens.weight.dtype == torch.float32
+
+
 @pytest.mark.timeout(300)  # a collective mismatch between ranks would hang, not fail
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_two_workers_train_and_export_a_loadable_policy(assets, tmp_path, strategy):

@@ -297,6 +297,12 @@ class TrainerConfig:
     n_gpus_per_node: int = field(1, ge=1, help="Workers per node (GPUs; on CPU, worker processes).")
     device: str = field("auto", help="Device of the workers.", choices=("auto", "cpu", "cuda"))
     cpus_per_worker: int = field(1, ge=1, help="CPU cores (and torch threads) given to each worker.")
+    precision: str = field("fp32", help="bf16: every role's forward passes (rollout, log-probs, training, critic "
+                                        "values, reward-model scores) run under bf16 autocast while parameters, "
+                                        "gradients and optimizer state stay in model.dtype; log-probs are taken "
+                                        "in float32. Faster on GPUs and on CPUs with bf16 instructions "
+                                        "(avx512_bf16/AMX; docs/models.md has the measured factor).",
+                           choices=("fp32", "bf16"))
     test_freq: int = field(-1, ge=-1, help="Validate every N steps (-1: only at the end).")
     val_before_train: bool = field(True, help="Validate before the first step.")
     save_freq: int = field(-1, ge=-1, help="Save a checkpoint (weights, optimizer, LR schedule, KL controller, data position, "

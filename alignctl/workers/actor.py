@@ -16,12 +16,12 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import SamplingParams, get_rollout_engine
 from alignctl.workers.checkpoint import load_training_state, save_training_state
-from alignctl.workers.device import on_worker_device
+from alignctl.workers.device import autocast, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, save_hf_folder
 from alignctl.workers.sequences import assemble, expand_lists
-from alignctl.workers.strategy import TrainEngine
+from alignctl.workers.train_engine import TrainEngine
 from alignctl.workers.update_loop import run_update
 
 
@@ -50,6 +50,9 @@ class ActorRolloutRefWorker:
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
+        # vLLM picks its own dtype; the hf engine generates with the training module under autocast.
+        hf = arr.rollout.name == "hf"
+        self.rollout_precision = self.cfg.trainer.precision if hf else "fp32"
 
     # ------------------------------------------------------------------ rollout
 
@@ -63,7 +66,8 @@ class ActorRolloutRefWorker:
         start = time.perf_counter()
         self.rollout.wake()
         self._sync_rollout_weights()
-        out = self.rollout.generate(prompts["prompt_ids"], params)
+        with autocast(self.ctx.device, self.rollout_precision):
+            out = self.rollout.generate(prompts["prompt_ids"], params)
         self.rollout.sleep()
         tensors = assemble(prompts["prompt_ids"], out, prompt_width=meta["prompt_width"],
                            response_width=self.cfg.data.max_response_length, pad_id=self.policy.pad_id)
@@ -86,12 +90,13 @@ class ActorRolloutRefWorker:
     def _log_probs(self, model: Any, batch: Batch, micro: int | None, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         logps, ents = [], []
         for part in batch.split(micro or len(batch)):
-            out = compute_log_probs(
-                model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
-                position_ids=part["position_ids"], temperature=batch.meta["temperature"],
-                compute_entropy=entropy, use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
-                max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens,
-                share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
+            with autocast(self.ctx.device, self.cfg.trainer.precision):
+                out = compute_log_probs(
+                    model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
+                    position_ids=part["position_ids"], temperature=batch.meta["temperature"],
+                    compute_entropy=entropy, use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
+                    max_tokens_per_row=self.cfg.actor_rollout_ref.model.max_packed_row_tokens,
+                    share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
             logps.append(out.log_probs)
             ents.append(out.entropy)
         return torch.cat(logps), (torch.cat(ents) if entropy else None)
@@ -129,15 +134,16 @@ class ActorRolloutRefWorker:
         mask = part["response_mask"]
         counts = {"global_num_tokens": n_tok, "global_num_seqs": n_seq,
                   "norm_length": self.cfg.data.max_response_length}
-        out = compute_log_probs(
-            self.engine.module, part["input_ids"], part["attention_mask"], mask.shape[1],
-            position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
-            use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
-            # One packed row = one forward per micro-batch. Every engine needs that: DDP broadcasts
-            # buffers in each forward and FSDP2/ZeRO-3 gather parameters, so ranks must run the same
-            # number of forwards (the micro-batch count is agreed); DDP also wants one forward per
-            # backward. Bound the row with the micro-batch size or use_dynamic_bsz instead.
-            max_tokens_per_row=None, share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
+        with autocast(self.ctx.device, self.cfg.trainer.precision):
+            out = compute_log_probs(
+                self.engine.module, part["input_ids"], part["attention_mask"], mask.shape[1],
+                position_ids=part["position_ids"], temperature=part.meta["temperature"], compute_entropy=True,
+                use_remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding,
+                # One packed row = one forward per micro-batch. Every engine needs that: DDP broadcasts
+                # buffers in each forward and FSDP2/ZeRO-3 gather parameters, so ranks must run the same
+                # number of forwards (the micro-batch count is agreed); DDP also wants one forward per
+                # backward. Bound the row with the micro-batch size or use_dynamic_bsz instead.
+                max_tokens_per_row=None, share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
         # On-policy steps skip the old-log-prob pass: the sampling policy is the current one.
         old = part["old_log_probs"] if "old_log_probs" in part else out.log_probs.detach()
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(

@@ -13,7 +13,7 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
 from alignctl.workers.checkpoint import load_training_state, save_training_state
-from alignctl.workers.device import on_worker_device
+from alignctl.workers.device import autocast, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import attach_optimizer, resolve_attn_implementation
@@ -47,10 +47,12 @@ class CriticWorker:
     def _values(self, model: Any, part: Batch, training: bool = False) -> torch.Tensor:
         # Training: one packed row (= one forward) per micro-batch, as in the actor (see there).
         row_budget = None if training else self.cfg.actor_rollout_ref.model.max_packed_row_tokens
-        return compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
-                              position_ids=part["position_ids"],
-                              use_remove_padding=self.cfg.critic.model.use_remove_padding,
-                              max_tokens_per_row=row_budget, share_prompt=self.cfg.critic.model.share_prompt)
+        with autocast(self.ctx.device, self.cfg.trainer.precision):
+            values = compute_values(model, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
+                                    position_ids=part["position_ids"],
+                                    use_remove_padding=self.cfg.critic.model.use_remove_padding,
+                                    max_tokens_per_row=row_budget, share_prompt=self.cfg.critic.model.share_prompt)
+        return values.float()  # the value head ran in bf16 under autocast; the loss and GAE want float32
 
     @torch.no_grad()
     @on_worker_device

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import torch
 
 from alignctl.batch import Batch
 
@@ -21,3 +24,13 @@ def on_worker_device(method: F) -> F:
         return out.to("cpu") if isinstance(out, Batch) else out
 
     return wrapper  # type: ignore[return-value]
+
+
+def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """``trainer.precision`` as a context for forward passes: bf16 autocast, or nothing for fp32.
+
+    Only forwards go under it (backward reuses the dtypes the forward chose, as torch advises);
+    parameters and optimizer state keep their own dtype, so small updates are not rounded away."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)

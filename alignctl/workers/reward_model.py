@@ -16,6 +16,7 @@ from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.eval.scoring import RewardScorer
+from alignctl.workers.device import autocast
 from alignctl.workers.group import DistContext
 
 
@@ -25,11 +26,13 @@ class RewardModelWorker:
     def __init__(self, ctx: DistContext, config: dict[str, Any]) -> None:
         cfg: RLConfig = build_config(RLConfig, config)
         rm = cfg.reward_model
+        self.device, self.precision = ctx.device, cfg.trainer.precision
         self.scorer = RewardScorer(rm.model.path, device=ctx.device, dtype=cfg.actor_rollout_ref.model.dtype,
                                    batch_size=rm.micro_batch_size_per_gpu or 64, max_length=None,
                                    normalize=rm.normalize, progress=False)
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         reply = [[{"role": "assistant", "content": text}] for text in batch["response_text"]]
-        scores = self.scorer.score(list(zip(batch["raw_prompt"], reply)), "reward model")
+        with autocast(self.device, self.precision):
+            scores = self.scorer.score(list(zip(batch["raw_prompt"], reply)), "reward model")
         return Batch({"rm_scores": torch.as_tensor(scores, dtype=torch.float32)})

@@ -1,0 +1,94 @@
+"""``trainer.precision=bf16`` vs ``fp32``: the three passes of an RL step on a SmolLM2-135M-shaped model.
+
+Same process, same randomly initialised Llama with SmolLM2-135M-Instruct's shape (hidden 576, 30
+layers, 9 query / 3 kv heads, vocab 49152; the cost of a pass does not depend on the weights), same
+prompts, both sides alternating (A B A B) so a load change hits both alike:
+
+  * ``rollout``: the hf engine samples n=4 responses of 40 tokens for 8 prompts of 60 tokens
+    (no stop token: every row runs to the end, so both sides decode the same number of tokens);
+  * ``log_probs``: a no-grad ``compute_log_probs`` over the 32 sequences (the old/ref pass);
+  * ``train``: forward + backward of ``compute_log_probs`` on a micro-batch of 8 (the actor update).
+
+"ours" is bf16 autocast (what ``trainer.precision=bf16`` wraps each pass in), the baseline fp32;
+the ratio is fp32 time / bf16 time. It also prints the largest log-prob gap between the two.
+bf16 only pays where the hardware has bf16 matmuls (CUDA; CPUs with avx512_bf16 or AMX); on other
+CPUs expect a ratio below 1.
+
+Run: ``python benchmarks/precision.py [--quick] [--json out.json] [--threads N]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import parse_bench_args, report, set_threads, summarize, time_interleaved  # noqa: E402
+
+from alignctl.models.forward import compute_log_probs  # noqa: E402
+from alignctl.rollout import SamplingParams, get_rollout_engine  # noqa: E402
+from alignctl.workers.device import autocast  # noqa: E402
+
+PROMPTS, N, PROMPT_LEN, RESPONSE_LEN, MICRO = 8, 4, 60, 40, 8
+
+
+def smollm2_shaped(layers: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def passes(model: torch.nn.Module, precision: str) -> dict[str, Any]:
+    """The three timed passes of one side, as zero-argument callables."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 49152, (PROMPT_LEN,), generator=gen).tolist() for _ in range(PROMPTS)]
+    engine = get_rollout_engine("hf", model=model, pad_token_id=0, eos_token_id=2)
+    params = SamplingParams(n=N, temperature=1.0, max_new_tokens=RESPONSE_LEN, seed=0, stop_token_ids=())
+    ids = torch.randint(3, 49152, (PROMPTS * N, PROMPT_LEN + RESPONSE_LEN), generator=gen)
+    mask = torch.ones_like(ids)
+
+    def rollout() -> None:
+        with torch.no_grad(), autocast("cpu", precision):
+            engine.generate(prompts, params)
+
+    def log_probs() -> torch.Tensor:
+        with torch.no_grad(), autocast("cpu", precision):
+            return compute_log_probs(model, ids, mask, RESPONSE_LEN).log_probs
+
+    def train() -> None:
+        model.zero_grad(set_to_none=True)
+        with autocast("cpu", precision):
+            out = compute_log_probs(model, ids[:MICRO], mask[:MICRO], RESPONSE_LEN)
+        out.log_probs.mean().backward()
+
+    return {"rollout": rollout, "log_probs": log_probs, "train": train}
+
+
+def main() -> None:
+    args = parse_bench_args(__doc__.splitlines()[0])
+    threads = set_threads(args.threads)
+    layers = 4 if args.quick else 30
+    model = smollm2_shaped(layers)
+    sides = {"bf16": passes(model, "bf16"), "fp32": passes(model, "fp32")}
+    gap = (sides["bf16"]["log_probs"]() - sides["fp32"]["log_probs"]()).abs().max().item()
+    print(f"largest |log-prob bf16 - fp32| over {PROMPTS * N} x {RESPONSE_LEN} tokens: {gap:.4f}")
+    setup = {"layers": layers, "prompts": PROMPTS, "n": N, "prompt_len": PROMPT_LEN, "response_len": RESPONSE_LEN,
+             "micro_batch": MICRO, "threads": threads, "max_logprob_gap": gap}
+    repeats = 1 if args.quick else 3
+    for name in ("rollout", "log_probs", "train"):
+        times = time_interleaved({side: fns[name] for side, fns in sides.items()}, warmup=1, repeats=repeats)
+        ours, base = (summarize(times[side]["wall"])["median"] for side in ("bf16", "fp32"))
+        json_path = None if args.json is None else f"{args.json.removesuffix('.json')}-{name}.json"
+        report(f"precision/{name}: bf16 autocast vs fp32", ours, base, "s per pass", setup,
+               higher_is_better=False, json_path=json_path)
+
+
+if __name__ == "__main__":
+    main()
