@@ -244,7 +244,13 @@ TrustOpt = Annotated[bool, typer.Option("--trust-checkpoint", help="Resume from 
                                                                    "trainer.trust_checkpoint=true.")]
 
 
-def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], overwrite: bool, trust: bool) -> None:
+NoPreflightOpt = Annotated[bool, typer.Option("--no-preflight", help="Skip the memory plan check (alignctl plan) "
+                                                                     "that refuses a run whose peak memory per worker "
+                                                                     "exceeds the device's.")]
+
+
+def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], overwrite: bool, trust: bool,
+            memory_check: bool = True) -> None:
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
     from alignctl.trainers.rl_factory import create_trainer
@@ -252,22 +258,56 @@ def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], ove
     flags = {"trainer.trust_checkpoint": True} if trust else None
     cfg = load_config(RLConfig, config, overrides, base=base, flags=flags)
     _preflight(cfg, overwrite)
+    if memory_check:
+        from alignctl.plan import check_fits
+
+        check_fits(cfg)
     result = create_trainer(cfg).fit()
     typer.echo(f"policy saved to {result.policy_dir}; metrics in {result.run_dir / 'metrics.jsonl'}")
 
 
 @app.command()
 def ppo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False,
-        trust_checkpoint: TrustOpt = False) -> None:
+        trust_checkpoint: TrustOpt = False, no_preflight: NoPreflightOpt = False) -> None:
     """RL training (PPO with a critic by default; any estimator via algorithm.adv_estimator)."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}}, overwrite, trust_checkpoint)
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}}, overwrite, trust_checkpoint,
+            not no_preflight)
 
 
 @app.command()
 def grpo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False,
-         trust_checkpoint: TrustOpt = False) -> None:
+         trust_checkpoint: TrustOpt = False, no_preflight: NoPreflightOpt = False) -> None:
     """RL training with GRPO advantages (no critic); same keys as ppo."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}}, overwrite, trust_checkpoint)
+    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}}, overwrite, trust_checkpoint,
+            not no_preflight)
+
+
+@app.command()
+def plan(
+    config: ConfigOpt = None,
+    overrides: OverridesArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (bytes).")] = False,
+    device_memory: Annotated[Optional[float], typer.Option(
+        "--device-memory", help="GiB per worker to plan for (default: the GPU's total memory, or on CPU the "
+                                "machine's RAM shared by the workers of a node).")] = None,
+) -> None:
+    """Memory per worker of an RL config (ppo keys; grpo: algorithm.adv_estimator=grpo), before any model
+    loads: each role's weights, gradients, optimizer state, activations, logits and KV cache, and what
+    would lower the peak."""
+    import json
+
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.plan import make_plan
+    from alignctl.plan.report import plan_record, print_plan
+
+    cfg = load_config(RLConfig, config, overrides or [], base={"algorithm": {"adv_estimator": "gae"}})
+    memory = None if device_memory is None else int(device_memory * 1024**3)
+    result, changes = make_plan(cfg, memory)
+    if as_json:
+        typer.echo(json.dumps(plan_record(result, changes), indent=2))
+    else:
+        print_plan(result, changes)
 
 
 # ------------------------------------------------------------------------------ eval

@@ -1,0 +1,197 @@
+"""alignctl plan: the memory formulas against hand-computed numbers and against torch's own count of
+the tensors saved for backward, the config reader, the CLI table/JSON and the pre-flight refusal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from alignctl.plan import memory as mem
+
+# A toy shape for hand computation: 1000 parameters, 2 blocks, hidden 4, MLP 8, vocabulary 10, kv 2.
+TOY = mem.ModelShape(params=1000, layers=2, hidden=4, intermediate=8, vocab=10, kv_width=2)
+
+
+def test_state_formulas_hand_computed() -> None:
+    plain, fsdp4 = mem.Sharding(), mem.Sharding(4, params=True, grads_and_optimizer=True)
+    zero2 = mem.Sharding(4, grads_and_optimizer=True, deepspeed_optimizer=True)
+    # fp32 weights 1000 x 4 B; fsdp2 over 4 workers holds a quarter; ZeRO-2 keeps them whole.
+    assert mem.weights_bytes(1000, 4, plain) == 4000 and mem.weights_bytes(1000, 4, fsdp4) == 1000
+    assert mem.weights_bytes(1000, 4, zero2) == 4000
+    assert mem.weights_bytes(1000, 4, mem.Sharding(4, params=True, offload_params=True)) == 0
+    assert mem.gradient_bytes(1000, 4, plain) == 4000 and mem.gradient_bytes(1000, 4, zero2) == 1000
+    # torch AdamW: 2 moments in the parameter dtype (8 B fp32, 4 B bf16 per parameter).
+    assert mem.optimizer_bytes(1000, 4, plain) == 8000 and mem.optimizer_bytes(1000, 2, plain) == 4000
+    # DeepSpeed: fp32 moments (8 B) + fp32 master for bf16 weights (4 B) = 12 B, / 4 workers.
+    assert mem.optimizer_bytes(1000, 2, zero2) == 3000 and mem.optimizer_bytes(1000, 4, zero2) == 2000
+    assert mem.optimizer_bytes(1000, 4, mem.Sharding(offload_optimizer=True)) == 0
+    assert mem.autocast_copy_bytes(1000, 4, 2) == 2000 and mem.autocast_copy_bytes(1000, 2, 2) == 0
+
+
+def test_activation_logit_and_cache_formulas_hand_computed() -> None:
+    # Per token and block: 9h + 2kv + 4i = 36 + 4 + 32 = 72 elements; 3 tokens x 4 B = 864 B per block.
+    assert mem.block_activation_bytes(TOY, 3, 4) == 864
+    assert mem.activation_bytes(TOY, 3, 4, checkpointing=False) == 2 * 864
+    # Checkpointing: each block's input (2 blocks x 3 tokens x h=4 x 4 B = 96) + one block recomputed.
+    assert mem.activation_bytes(TOY, 3, 4, checkpointing=True) == 96 + 864
+    assert mem.forward_bytes(TOY, 3, 4) == 864
+    # Logits 3 x 10 x 4 B = 120, plus a float32 log-softmax chunk of 3 rows and its output: 3 x 10 x 4 x 2 = 240.
+    assert mem.logits_bytes(10, 3, 4, training=False) == 360 and mem.logits_bytes(10, 3, 4, training=True) == 720
+    # KV cache: 2 rows x 5 positions x (k and v) x 2 blocks x kv 2 x 2 B = 160.
+    assert mem.kv_cache_bytes(TOY, 2, 5, 2) == 160
+    # fsdp2 over 4: generation gathers the whole model (4000 B) on top of the local quarter (1000 B);
+    # a forward unit is one block: (1000 - 10 x 4 embedding) / 2 = 480 parameters x 4 B.
+    fsdp4 = mem.Sharding(4, params=True, grads_and_optimizer=True)
+    assert mem.gathered_bytes(TOY, 4, fsdp4, whole=True) == 3000
+    assert mem.gathered_bytes(TOY, 4, fsdp4, whole=False) == 1920
+    assert mem.gathered_bytes(TOY, 4, mem.Sharding(4), whole=True) == 0
+
+
+def test_device_peak_is_all_resident_plus_the_largest_phase() -> None:
+    a = mem.RoleMemory("actor", {"weights": 60, "optimizer": 40}, {"rollout": {"kv": 50}, "update": {"act": 70}})
+    b = mem.RoleMemory("critic", {"weights": 30}, {"update": {"act": 80}})
+    assert mem.device_peak([a, b]) == (130 + 80, "critic:update")
+
+
+def test_activation_formula_matches_the_tensors_torch_saves_for_backward() -> None:
+    """Independent count: torch's saved-tensor hooks see every tensor autograd keeps for backward;
+    summing their storages (parameters excluded, each storage once) over a Llama forward must come
+    within 5% of the formula."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=500, hidden_size=128, intermediate_size=344, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.set_attn_implementation("sdpa")
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=torch.randint(0, 500, (4, 64)))
+    shape = mem.ModelShape(params=0, layers=3, hidden=128, intermediate=344, vocab=500, kv_width=64)
+    estimate = mem.activation_bytes(shape, 4 * 64, 4, checkpointing=False)
+    assert estimate == pytest.approx(sum(saved.values()), rel=0.05)
+
+
+# ------------------------------------------------------------------------------ config -> plan
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from rl_helpers import make_assets
+
+    return make_assets(tmp_path_factory.mktemp("plan"))
+
+
+def _cfg(tiny: dict[str, Path], *overrides: str):  # noqa: ANN202 - an RLConfig
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+
+    base = [f"actor_rollout_ref.model.path={tiny['model']}", f"data.train_files=[{tiny['data'] / 'train.parquet'}]",
+            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+            "data.max_prompt_length=100", "data.max_response_length=20", "trainer.device=cpu"]
+    return load_config(RLConfig, None, [*base, *overrides], base={"algorithm": {"adv_estimator": "gae"}})
+
+
+def test_model_shape_counts_parameters_exactly(tiny: dict[str, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from alignctl.plan import model_shape
+
+    real = AutoModelForCausalLM.from_pretrained(tiny["model"])
+    shape = model_shape(str(tiny["model"]), "lm")
+    assert shape.params == sum(p.numel() for p in real.parameters())
+    assert (shape.layers, shape.hidden, shape.vocab) == (2, 64, real.config.vocab_size)
+
+
+def critic_vocab(tiny: dict[str, Path]) -> int:
+    return json.loads((tiny["model"] / "config.json").read_text())["vocab_size"]
+
+
+def test_plan_of_a_config_follows_its_keys(tiny: dict[str, Path]) -> None:
+    from alignctl.plan import make_plan, model_shape
+
+    params = model_shape(str(tiny["model"]), "lm").params
+    plan, _ = make_plan(_cfg(tiny), device_memory=2**30)
+    actor, critic = plan.roles[0], plan.roles[1]
+    assert [r.name for r in plan.roles] == ["actor", "critic"]
+    assert critic.resident["optimizer"] == 8 * (params - 64 * critic_vocab(tiny) + 65)  # a 64 + 1 value head instead of the 64 x vocab LM head
+    assert actor.resident == {"weights": 4 * params, "gradients": 4 * params, "optimizer": 8 * params,
+                              "reference weights": 4 * params}
+    assert plan.fits and plan.peak == sum(r.resident_total for r in plan.roles) + max(
+        t for r in plan.roles for t in r.phase_totals().values())
+    # fsdp2 over two workers halves every resident part of the actor; LoRA drops its gradients,
+    # optimizer state and reference copy; no critic under grpo.
+    two, _ = make_plan(_cfg(tiny, "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"), 2**30)
+    assert two.roles[0].resident["optimizer"] == 4 * params
+    lora, _ = make_plan(_cfg(tiny, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[q_proj]",
+                             "algorithm.adv_estimator=grpo"), 2**30)
+    assert lora.roles[0].resident == {"weights": 4 * params, "gradients": 0, "optimizer": 0}
+    assert [r.name for r in lora.roles] == ["actor"]
+    ckpt, _ = make_plan(_cfg(tiny, "actor_rollout_ref.model.enable_gradient_checkpointing=true"), 2**30)
+    assert ckpt.roles[0].phases["update"]["activations"] < actor.phases["update"]["activations"]
+
+
+def test_a_plan_that_does_not_fit_names_a_change_that_does(tiny: dict[str, Path]) -> None:
+    from alignctl.errors import UserError
+    from alignctl.plan import check_fits, make_plan
+
+    plan, changes = make_plan(_cfg(tiny), device_memory=None)
+    budget = plan.peak - 1
+    _, changes = make_plan(_cfg(tiny), device_memory=budget)
+    assert changes and all(peak < plan.peak for _, peak in changes)
+    with pytest.raises(UserError) as info:
+        check_fits(_cfg(tiny), device_memory=budget)
+    message = str(info.value)
+    assert "\n" not in message and "per cpu worker" in message and "it would fit with" in message
+
+
+def test_cli_plan_json_and_table(tiny: dict[str, Path]) -> None:
+    args = [f"actor_rollout_ref.model.path={tiny['model']}", f"data.train_files=[{tiny['data'] / 'train.parquet'}]",
+            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.device=cpu"]
+    out = subprocess.run([sys.executable, "-m", "alignctl", "plan", "--json", "--device-memory", "1", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert record["device_memory"] == 2**30 and record["fits"] is True
+    resident = sum(sum(r["resident"].values()) for r in record["roles"].values())
+    worst = max(sum(p.values()) for r in record["roles"].values() for p in r["phases"].values())
+    assert record["peak"] == resident + worst
+    table = subprocess.run([sys.executable, "-m", "alignctl", "plan", *args], capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and "kv cache" in table.stdout and "fits" in table.stdout
+
+
+def test_ppo_refuses_a_model_that_cannot_fit_before_anything_loads(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """A 7B Llama (config.json and tokenizer only: no weights exist to load) in float32 on this
+    machine: the pre-flight plan refuses it in a few seconds with one line, exit 2, no run folder."""
+    big = tmp_path / "llama-7b"
+    big.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny["model"] / name, big / name)
+    (big / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False}))
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "alignctl", "ppo", f"actor_rollout_ref.model.path={big}",
+                          f"data.train_files=[{tiny['data'] / 'train.parquet'}]", f"trainer.run_dir={tmp_path / 'run'}",
+                          "trainer.device=cpu", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+                         capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "plan: the run needs about" in lines[0] and "--no-preflight" in lines[0], out.stderr
+    assert elapsed < 10 and not (tmp_path / "run").exists()
