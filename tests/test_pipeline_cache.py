@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from alignctl.errors import UserError
+from alignctl.pipeline.cache import HOLDER_FILE, workdir_lock
 from alignctl.pipeline.runner import load, pipeline_status, run_pipeline
 from conftest import assert_user_error, run_cli
 
@@ -117,6 +121,39 @@ def test_concurrent_runs_do_not_corrupt_the_cache(pipeline):
     # The lock serialises the runs: one builds everything, the other then finds it all cached.
     assert sorted(tuple(sorted(set(r.values()))) for r in results) == [("cached",), ("ran",)]
     assert {s.state for s in pipeline_status(load(pipeline, []))} == {"cached"}
+
+
+_TAKE_LOCK = """
+import sys
+from pathlib import Path
+from alignctl.pipeline.cache import workdir_lock
+with workdir_lock(Path(sys.argv[1])):
+    print("acquired", flush=True)
+"""
+
+
+def test_a_second_process_waits_for_the_lock_and_names_its_holder(tmp_path):
+    workdir = tmp_path / "work"
+    with workdir_lock(workdir):
+        assert (workdir / HOLDER_FILE).read_text() == str(os.getpid())
+        waiter = subprocess.Popen([sys.executable, "-c", _TAKE_LOCK, str(workdir)], stdout=subprocess.PIPE, text=True)
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline().strip() == f"waiting for {workdir} (locked by pid {os.getpid()})"
+        time.sleep(0.5)
+        assert waiter.poll() is None  # still blocked while this process holds the lock
+    out, _ = waiter.communicate(timeout=120)
+    assert (waiter.returncode, out.strip()) == (0, "acquired")
+    assert not (workdir / HOLDER_FILE).exists()  # the holder's pid leaves with it
+    with workdir_lock(workdir):  # and the lock can be taken again
+        pass
+
+
+def test_the_pipeline_imports_where_fcntl_does_not_exist():
+    """fcntl is POSIX-only: the workdir lock goes through filelock, so alignctl.pipeline imports on
+    Windows. Simulated by blocking the module before anything imports it."""
+    code = "import sys\nsys.modules['fcntl'] = None\nimport alignctl.pipeline.cache, alignctl.pipeline.runner\n"
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def test_pipeline_file_errors_are_one_line(tmp_path):

@@ -1,7 +1,8 @@
 """The audit's outputs: ``summary.json``, ``flagged.jsonl``, ``report.html`` and the console table.
 
 The HTML page is rendered with the eval report's jinja environment (autoescaping on, so dataset
-text with markup shows as text) from ``templates/audit.html.j2``.
+text with markup shows as text) from ``alignctl/resources/templates/audit.html.j2``, shipped in the
+package.
 """
 
 from __future__ import annotations

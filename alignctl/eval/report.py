@@ -1,9 +1,10 @@
 """The eval report: ``results.json``, ``report.md``, a self-contained ``report.html`` and PNG plots.
 
-Templates are jinja2 files in the repository's ``templates/`` folder (``report.html.j2``,
-``report.md.j2``). The HTML environment autoescapes everything, so model responses (which may hold
-``<script>`` or any markup) are shown as text; images are embedded as base64 ``data:`` URIs and the
-CSS is inline, so the file opens anywhere, offline, without the plots folder.
+Templates are jinja2 files shipped inside the package, in ``alignctl/resources/templates/``
+(``report.html.j2``, ``report.md.j2``), loaded through the import system so an installed wheel
+finds them wherever it lives. The HTML environment autoescapes everything, so model responses
+(which may hold ``<script>`` or any markup) are shown as text; images are embedded as base64
+``data:`` URIs and the CSS is inline, so the file opens anywhere, offline, without the plots folder.
 """
 
 from __future__ import annotations
@@ -21,19 +22,20 @@ from alignctl.eval import plots
 from alignctl.eval.curves import PANELS
 from alignctl.eval.results import EvalResults
 
-TEMPLATE_DIRS = (
-    Path(__file__).resolve().parents[2] / "templates",  # a source checkout / editable install
-    Path(__file__).resolve().parents[1] / "resources" / "templates",  # packaged copy, when shipped
-)
+TEMPLATE_PACKAGE = "alignctl"
+TEMPLATE_FOLDER = "resources/templates"  # inside the package; pyproject.toml ships it as package data
 HTML_TEMPLATE = "report.html.j2"
 MD_TEMPLATE = "report.md.j2"
 
 
-def _template_dir() -> Path:
-    for folder in TEMPLATE_DIRS:
-        if (folder / HTML_TEMPLATE).is_file():
-            return folder
-    raise FileNotFoundError(f"eval report templates not found in {', '.join(map(str, TEMPLATE_DIRS))}")
+def _template_loader() -> Any:
+    import jinja2
+
+    try:
+        return jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_FOLDER)
+    except ValueError as exc:  # the folder is missing: a broken install, not a user mistake
+        raise FileNotFoundError(f"report templates not found in the installed alignctl package "
+                                f"({TEMPLATE_PACKAGE}/{TEMPLATE_FOLDER}): {exc}; reinstall alignctl") from None
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -61,7 +63,7 @@ def md_fence(text: str) -> str:
 def _environment(html: bool) -> Any:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())), autoescape=html,
+    env = jinja2.Environment(loader=_template_loader(), autoescape=html,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(fmt=fmt, pct=pct, md_fence=md_fence)
     return env

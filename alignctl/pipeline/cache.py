@@ -8,7 +8,6 @@ reference to an upstream stage is replaced by that stage's key). A folder is reu
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -17,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import filelock
 
 from alignctl.config.core import build_config, merge_dicts, to_dict
 from alignctl.errors import UserError
@@ -27,6 +28,8 @@ from alignctl.pipeline.stages import KIND_DEFAULTS, STAGE_KINDS
 
 CACHE_FORMAT = 1
 _OUTPUT_PLACEHOLDER = "<artifact>"
+LOCK_FILE = ".alignctl.lock"  # held by filelock (flock on POSIX, msvcrt on Windows) for a whole run
+HOLDER_FILE = ".alignctl.lock.pid"  # the holder's pid, beside the lock: some lock backends truncate the lock file
 
 
 def typed_config(stage: StageSpec, mapping: dict[str, str], output: str, source: Path) -> Any:
@@ -107,20 +110,23 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
     workdir.mkdir(parents=True, exist_ok=True)
     if not is_owned(workdir):
         mark_owned(workdir, "pipeline workdir")
-    lock_path = workdir / ".alignctl.lock"
-    with open(lock_path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            print(f"waiting for {workdir} (locked by pid {holder})", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    lock = filelock.FileLock(workdir / LOCK_FILE)
+    holder = workdir / HOLDER_FILE
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        print(f"waiting for {workdir} (locked by pid {_read_holder(holder)})", flush=True)
+        lock.acquire()
+    try:
+        holder.write_text(str(os.getpid()), encoding="utf-8")
+        yield
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()
+
+
+def _read_holder(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip() or "another process"
+    except OSError:
+        return "another process"
