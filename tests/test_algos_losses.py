@@ -285,6 +285,21 @@ def test_entropy_golden() -> None:
     torch.testing.assert_close(entropy_from_logits(logits), t([expected]), **TOL)
 
 
+def test_entropy_keeps_its_precision_for_large_logits() -> None:
+    # Entropy is shift-invariant: [1e4, 1e4 + 1, 1e4 - 2] has the entropy of [0, 1, -2], i.e. with
+    # Z = 1 + e + e^-2: H = ln Z - (1 * e - 2 * e^-2) / Z = 0.7138657579886...
+    # (all three logits are exact in float32). In float32, logsumexp(z) - sum p z is off by ~3 nats.
+    z = 1.0 + math.e + math.exp(-2.0)
+    expected = torch.tensor([math.log(z) - (math.e - 2.0 * math.exp(-2.0)) / z])
+    for offset in (0.0, 1e4, 1e5, -1e5):
+        logits = torch.tensor([[offset, offset + 1.0, offset - 2.0]], dtype=torch.float32)
+        torch.testing.assert_close(entropy_from_logits(logits), expected, **TOL, msg=f"offset {offset}")
+    # Two-way by hand in bfloat16 (computed in float32): [0, ln 3] -> p = [1/4, 3/4].
+    half = torch.tensor([[0.0, math.log(3.0)]], dtype=torch.bfloat16)
+    p = torch.softmax(half.float(), -1)[0]  # ln 3 rounds in bfloat16: use the p it stands for
+    torch.testing.assert_close(entropy_from_logits(half), -(p * p.log()).sum().reshape(1), **TOL)
+
+
 def test_entropy_chunked_equals_unchunked_values_and_gradients() -> None:
     g = torch.Generator().manual_seed(9)
     base = torch.randn(3, 7, 11, generator=g) * 4

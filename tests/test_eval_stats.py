@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from alignctl.eval import stats
-from alignctl.eval.accuracy import answer_key, last_boxed, rule_accuracy
+from alignctl.eval.accuracy import rule_accuracy
 from alignctl.eval.data import PromptRow
+from alignctl.rewards.registry import default_vote_keys
 
 
 def _logit(p: float) -> float:
@@ -186,11 +187,39 @@ def test_rule_accuracy_hand_count_with_the_real_scorer() -> None:
 
 
 def test_answer_keys() -> None:
-    assert answer_key("gsm8k", "#### $1,800") == answer_key("gsm8k", "#### 1800.00")
-    assert answer_key("gsm8k", "1800") is None  # strict: no ####
-    assert last_boxed(r"so \boxed{\frac{1}{2}} and finally \boxed{ 3 }") == " 3 "
-    assert answer_key("math", r"\boxed{\frac{1}{ 2}}") == r"\frac{1}{2}"
-    assert answer_key("math", r"\boxed{unclosed") is None
+    assert default_vote_keys("gsm8k", ["#### $1,800", "#### 1800.00", "1800"]) == [1800, 1800, None]  # strict: no ####
+    keys = default_vote_keys("math", [r"so \boxed{\frac{1}{2}} and finally \boxed{ 3 }", r"\boxed{\frac{1}{ 2}}",
+                                      r"\boxed{unclosed", "no box"])
+    assert keys == ["3", r"\frac{1}{2}", None, None]
+
+
+MATH_SOURCE = "HuggingFaceH4/MATH-500"
+
+
+def _math_rows(*truths: str) -> list[PromptRow]:
+    return [PromptRow(i, [{"role": "user", "content": f"q{i}"}], MATH_SOURCE, t) for i, t in enumerate(truths)]
+
+
+def test_math_majority_votes_by_math_verify_equivalence() -> None:
+    """1/2 written three ways outvotes 3 written twice: the vote groups answers the scorer calls
+    equal, not equal strings (which would make 3, with 2 votes, the majority)."""
+    samples = [r"\boxed{\frac{1}{2}}", r"so $\boxed{0.5}$", r"\boxed{1/2}", r"\boxed{3}", r"\boxed{ 3}"]
+    assert default_vote_keys(MATH_SOURCE, samples) == [r"\frac{1}{2}"] * 3 + ["3", "3"]
+    table, correct = rule_accuracy(_math_rows(r"\frac{1}{2}"), [samples])
+    assert correct == [[True, True, True, False, False]]
+    assert table[MATH_SOURCE]["maj@5"] == 1.0  # the 1/2 group (3 votes) wins, and it is right
+    assert table[MATH_SOURCE]["pass@1"] == pytest.approx(0.6)
+
+
+def test_math_votes_read_fbox_and_escaped_braces() -> None:
+    """The eval path extracts answers with the preprocessor's last_boxed: ``\\fbox`` counts, and an
+    escaped brace neither opens nor closes the box."""
+    assert default_vote_keys(MATH_SOURCE, [r"so $\fbox{2}$", r"\boxed{2.0}"]) == ["2", "2"]
+    assert default_vote_keys(MATH_SOURCE, [r"\boxed{\left\{1, 2\right.}"]) == [r"\left\{1,2\right."]
+    assert default_vote_keys(MATH_SOURCE, [r"$\boxed{\}}$"]) == [r"\}"]
+    # two \fbox{2} against one \boxed{3}: 2 is the majority, and it is right
+    table, _ = rule_accuracy(_math_rows("2"), [[r"$\fbox{2}$", r"\boxed{3}", r"thus \fbox{2}."]])
+    assert table[MATH_SOURCE]["maj@3"] == 1.0
 
 
 def test_quantiles_linear_interpolation() -> None:

@@ -12,8 +12,9 @@ import pytest
 from alignctl.config.core import build_config
 from alignctl.config.preprocess import PreprocessConfig
 from alignctl.data.preprocess import PreprocessReport, run_preprocess
-from alignctl.data.preprocess.math import INSTRUCTION, BoxError, last_boxed
+from alignctl.data.preprocess.math import INSTRUCTION
 from alignctl.errors import UserError
+from alignctl.rewards.math import BoxError, last_boxed
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 

@@ -45,3 +45,14 @@ def test_sources_are_separate_and_maj_needs_an_answer_extractor():
 def test_one_sample_reports_only_the_mean():
     metrics = aggregate(_records("arith", [[g[0]] for g in ARITH]), n=1)
     assert metrics == pytest.approx({"val-core/arith/acc/mean@1": 2 / 4})
+
+
+def test_math_majority_votes_by_the_scorers_equivalence():
+    """\\frac{1}{2}, 0.5 and 1/2 are one answer to math-verify, so they outvote 3 (two votes)."""
+    group = [(r"\boxed{\frac{1}{2}}", 1.0), (r"\boxed{0.5}", 1.0), (r"\boxed{1/2}", 1.0), (r"\boxed{3}", 0.0),
+             (r"\boxed{3}", 0.0)]
+    wrong_first = [(r"\boxed{3}", 0.0), (r"\boxed{0.5}", 1.0), (r"\boxed{1/2}", 1.0), (r"\boxed{3}", 0.0),
+                   (r"\boxed{\dfrac12}", 1.0)]
+    metrics = aggregate(_records("HuggingFaceH4/MATH-500", [group, wrong_first]), n=5)
+    assert metrics["val-core/HuggingFaceH4/MATH-500/acc/best@5"] == pytest.approx(1.0)
+    assert metrics["val-core/HuggingFaceH4/MATH-500/acc/maj@5"] == pytest.approx(1.0)

@@ -19,7 +19,7 @@ from alignctl.algos.advantages import (
 )
 from alignctl.algos.aggregation import LOSS_AGG_MODES, agg_loss, count_loss_seqs, count_loss_tokens
 from alignctl.algos.bradley_terry import bradley_terry_loss, preference_accuracy
-from alignctl.algos.entropy import entropy_from_logits
+from alignctl.algos.entropy import entropy_from_log_probs, entropy_from_logits
 from alignctl.algos.kl import KL_PENALTY_KINDS, kl_penalized_rewards, kl_penalty
 from alignctl.algos.kl_control import (
     KL_CTRL_TYPES,
@@ -50,6 +50,7 @@ __all__ = [
     "count_loss_seqs",
     "count_loss_tokens",
     "discounted_returns",
+    "entropy_from_log_probs",
     "entropy_from_logits",
     "get_adv_estimator",
     "get_policy_loss",

@@ -1,11 +1,15 @@
 """Token entropy of the policy's next-token distribution (metric ``actor/entropy``, entropy bonus).
 
 Notation:
-    V: vocabulary size, z[..., v]: logits, p = softmax(z)
-    H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v
+    V: vocabulary size, z[..., v]: logits, l = log_softmax(z), p = exp(l)
+    H = -sum_v p_v l_v
 
-The second form never takes the log of a tiny probability, so it stays accurate for peaked
-distributions. Logits must be finite (large negative values are fine; -inf is not).
+This is the one entropy of the package (``models/forward.py`` calls :func:`entropy_from_log_probs`
+on the log-softmax it already has for the log-probs). ``log_softmax`` subtracts the row maximum
+before exponentiating, so every ``l_v`` is accurate whatever the logits' offset, and a ``p_v`` that
+underflows to 0 contributes 0. The algebraically equal ``logsumexp(z) - sum_v p_v z_v`` is not
+used: for logits near 1e4 it subtracts two numbers near 1e4 in float32 and is wrong by whole nats.
+Logits must be finite (large negative values are fine; -inf gives NaN).
 
 The [B, T, V] logits of a long response batch are large; softmax would double that. With
 ``chunk_size`` the flattened tokens are processed ``chunk_size`` rows at a time, and when a
@@ -19,16 +23,19 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["entropy_from_logits"]
+__all__ = ["entropy_from_log_probs", "entropy_from_logits"]
+
+
+def entropy_from_log_probs(log_probs: torch.Tensor) -> torch.Tensor:
+    """``[..., V]`` normalised log-probabilities (a log-softmax) -> entropy ``[...]``."""
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
 def _entropy_rows(logits: torch.Tensor) -> torch.Tensor:
     """``[N, V] -> [N]``; half-precision logits are upcast per call (i.e. per chunk)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
-    probs = torch.exp(logits - lse.unsqueeze(-1))
-    return lse - (probs * logits).sum(dim=-1)
+    return entropy_from_log_probs(torch.log_softmax(logits, dim=-1))
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:

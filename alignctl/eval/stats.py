@@ -151,12 +151,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
 
 
-def majority_correct(answers: Sequence[Hashable | None], correct: Sequence[bool]) -> bool:
-    """True when the most frequent answer (ties: first seen) is a correct one.
-
-    answers[j] is sample j's normalised final answer (None = no answer, does not vote);
-    correct[j] is its rule score. Equal answers have equal correctness, so the first sample
-    holding the winning answer speaks for it."""
+def majority_index(answers: Sequence[Hashable | None]) -> int | None:
+    """Index of the first sample holding the most frequent answer (ties: the answer seen first);
+    None when no sample has an answer (None = no answer, does not vote)."""
     counts: dict[Hashable, int] = {}
     first: dict[Hashable, int] = {}
     for j, answer in enumerate(answers):
@@ -165,9 +162,19 @@ def majority_correct(answers: Sequence[Hashable | None], correct: Sequence[bool]
         counts[answer] = counts.get(answer, 0) + 1
         first.setdefault(answer, j)
     if not counts:
-        return False
+        return None
     best = max(counts, key=lambda a: (counts[a], -first[a]))
-    return bool(correct[first[best]])
+    return first[best]
+
+
+def majority_correct(answers: Sequence[Hashable | None], correct: Sequence[bool]) -> bool:
+    """True when the most frequent answer (ties: first seen) is a correct one.
+
+    answers[j] is sample j's answer key (equal keys = answers the scorer calls equal; None = no
+    answer, does not vote); correct[j] is its rule score. Equal answers have equal correctness, so
+    the first sample holding the winning answer speaks for it."""
+    j = majority_index(answers)
+    return j is not None and bool(correct[j])
 
 
 def k_values(n: int) -> list[int]:

@@ -12,13 +12,19 @@ or a crashed worker scores 0.0 and is counted: ``timeout_count()`` / ``crash_cou
 whole process, ``pool.collect_failures()`` for one block of code.
 
 math-verify is imported only inside the worker process, never by ``import alignctl.rewards``.
+
+The module is also the one home of the MATH final answer as text: :func:`last_boxed` (used by
+the MATH preprocessor for ground truths and by eval for votes) and :func:`vote_keys`, which
+groups the answers of several responses by this scorer's own equivalence for maj@k.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from alignctl.rewards.pool import CallResult, FailureTally, ScoringPool, in_worker, record_failure
@@ -30,6 +36,55 @@ WORKER_MEMORY_LIMIT_MB = 4096
 _POOL: ScoringPool | None = None
 _POOL_LOCK = threading.Lock()
 _TOTALS = FailureTally()
+
+
+# A box command followed by its argument: `\boxed{...}`, `\boxed {...}` or `\boxed 5`.
+_BOX = re.compile(r"\\(?:boxed|fbox)(?=[\s{])")
+
+
+class BoxError(ValueError):
+    """The last box of a text is malformed (unbalanced braces, empty)."""
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """Index of the ``}`` matching the ``{`` at ``start``. A backslash escapes the next character,
+    so ``\\{`` / ``\\}`` are literal braces and ``\\\\`` (a LaTeX line break) does not escape."""
+    depth = 0
+    i = start
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise BoxError("unbalanced braces in the last \\boxed{...}")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content (stripped) of the last ``\\boxed``/``\\fbox`` in ``text``, found by real brace
+    matching: ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``, ``\\boxed{\\{1,2\\}}`` gives ``\\{1,2\\}``.
+    None when there is no box; raises :class:`BoxError` when the last box is malformed."""
+    matches = list(_BOX.finditer(text))
+    if not matches:
+        return None
+    i = matches[-1].end()
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if i < len(text) and text[i] == "{":
+        content = text[i + 1: _closing_brace(text, i)]
+    else:
+        # `\boxed 5$`: the argument runs to the closing `$` (or the end of the line).
+        content = re.split(r"[$\n]", text[i:], maxsplit=1)[0]
+    content = content.strip()
+    if not content:
+        raise BoxError("the last \\boxed{} is empty")
+    return content
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -111,6 +166,36 @@ def compute_score(solution_str: str, ground_truth: str, timeout_s: float | None 
         return 0.0
     value: Any = result.value
     return float(value)
+
+
+def vote_keys(responses: Sequence[str], timeout_s: float | None = None) -> list[str | None]:
+    """The answer each response votes with in maj@k, answers this scorer calls equal sharing a key.
+
+    A response's answer is its last box (None, no vote, when it has none or a malformed one).
+    Answers are grouped greedily in order: each joins the first group whose first answer it
+    matches, either as the same text up to spaces or by :func:`compute_score` (the answer, boxed,
+    scored against the group's first answer as ground truth), so ``\\frac{1}{2}``, ``0.5`` and
+    ``1/2`` share a key. A group's key is its first answer with spaces removed. Each comparison
+    runs in the scoring pool under ``timeout_s``; one that times out counts as "different"."""
+    keys: list[str | None] = []
+    groups: dict[str, str] = {}  # key -> the group's first answer as written
+    seen: dict[str, str] = {}  # answer without spaces -> its key (one comparison per distinct answer)
+    for response in responses:
+        try:
+            answer = last_boxed(response)
+        except BoxError:
+            answer = None
+        if answer is None:
+            keys.append(None)
+            continue
+        text = "".join(answer.split())
+        if text not in seen:
+            boxed = "\\boxed{" + answer + "}"
+            key = next((k for k, first in groups.items() if compute_score(boxed, first, timeout_s) >= 1.0), text)
+            groups.setdefault(key, answer)
+            seen[text] = key
+        keys.append(seen[text])
+    return keys
 
 
 def timeout_count() -> int:

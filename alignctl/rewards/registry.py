@@ -11,6 +11,7 @@ that is constant, which looks like a bad run rather than a config mistake.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from alignctl.errors import UserError
@@ -50,3 +51,19 @@ def default_compute_score(
     from alignctl.rewards import math as math_scorer
 
     return math_scorer.compute_score(solution_str, str(ground_truth), timeout_s=math_timeout_s)
+
+
+def default_vote_keys(data_source: str, responses: Sequence[str], *,
+                      math_timeout_s: float | None = None) -> list[Hashable | None]:
+    """The final answer each response votes with in maj@k, keyed so that answers the default
+    scorer treats as equal get equal keys (None: no answer, no vote). GSM8K: the strict ``#### N``
+    number as a Decimal; MATH: :func:`alignctl.rewards.math.vote_keys` (math-verify equivalence).
+    UserError for a source without a default scorer, as :func:`default_compute_score`."""
+    if scorer_name(data_source) == "gsm8k":
+        from alignctl.rewards.gsm8k import extract_answer, parse_number
+
+        answers = [extract_answer(text, "strict") for text in responses]
+        return [parse_number(a) if a is not None else None for a in answers]
+    from alignctl.rewards import math as math_scorer
+
+    return list(math_scorer.vote_keys(responses, timeout_s=math_timeout_s))

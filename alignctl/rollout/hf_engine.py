@@ -15,7 +15,7 @@ Why it is faster than ``model.generate`` for RL rollouts:
 Left padding and positions: prompts are left-padded to the longest prompt ``P``. A row with ``p``
 real tokens gets position ids ``0..p-1`` on its real tokens (pads get 0 and are masked out of
 attention), and its ``t``-th generated token sits at position ``p + t`` — the same ids an unpadded
-forward of that row would use, and what HF's ``generate`` computes from ``cumsum(mask) - 1``.
+forward of that row would use (``models.loading.position_ids_from_mask``, the package's one rule).
 
 Finished rows are compacted lazily: once at least ``compact_fraction`` of the running rows have
 stopped (default 1/8), they are removed in one index-select. A finished row waiting for compaction
@@ -36,6 +36,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from alignctl.errors import UserError
+from alignctl.models.loading import position_ids_from_mask
 from alignctl.rollout.base import (
     FinishReason,
     RolloutEngine,
@@ -166,7 +167,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def _prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Run the padded prompts once; returns next-token logits [B, V]."""
-        positions = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+        positions = position_ids_from_mask(mask)
         out = self.model(input_ids=input_ids, attention_mask=mask.long(), position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]

@@ -194,25 +194,18 @@ def freeze_bottom_layers(model: Any, n: int, where: str) -> None:
     step costs a forward plus the backward of the layers that train."""
     if n == 0:
         return
-    layers = decoder_layers(model)
+    from alignctl.models.blocks import transformer_blocks
+
+    layers = transformer_blocks(model)
+    if not layers:
+        raise UserError(f"{where}: key 'model.freeze_layers' is {n} but no transformer layers were found in "
+                        f"{type(model).__name__}; set model.freeze_layers=0")
     if n > len(layers):
         raise UserError(f"{where}: key 'model.freeze_layers' is {n} but the model has {len(layers)} layers")
     frozen = [model.get_input_embeddings(), *layers[:n]]
     for module in frozen:
         for param in module.parameters():
             param.requires_grad_(False)
-
-
-def decoder_layers(model: Any) -> Any:
-    """The model's stack of transformer blocks: the ModuleList as long as config.num_hidden_layers."""
-    import torch
-
-    count = getattr(model.config, "num_hidden_layers", None)
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
-            return module
-    raise UserError(f"model.freeze_layers: cannot find the {count} transformer layers of "
-                    f"{type(model).__name__}; set model.freeze_layers=0")
 
 
 def check_model_folder(path: str, what: str = "model.path") -> None:

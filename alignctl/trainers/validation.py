@@ -2,29 +2,25 @@
 
 Metric names follow verl: ``val-core/<data_source>/acc/mean@N`` (mean score over all N samples of
 every prompt), and with N > 1 also ``best@N`` (mean over prompts of the best sample's score) and
-``maj@N`` (score of the majority-voted answer, for sources whose answers can be extracted).
+``maj@N`` (score of the majority-voted answer, for sources with a default rule scorer; answers vote
+by that scorer's equivalence, :func:`alignctl.rewards.registry.default_vote_keys`, as in eval).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any
 
 from alignctl.data.rl_dataset import to_batch
+from alignctl.errors import UserError
+from alignctl.eval.stats import majority_index
+from alignctl.rewards.registry import default_vote_keys
 
 
 def _padded(rows: list[dict[str, Any]], multiple: int) -> list[dict[str, Any]]:
     """Repeat the last prompt so every worker gets the same number (extra results are dropped)."""
     missing = -len(rows) % multiple
     return rows + [rows[-1]] * missing
-
-
-def _extract(data_source: str, response: str) -> str | None:
-    if data_source in ("arith", "gsm8k", "openai/gsm8k"):
-        from alignctl.rewards.gsm8k import extract_answer
-
-        return extract_answer(response, method="strict")
-    return None
 
 
 def aggregate(records: list[dict[str, Any]], n: int) -> dict[str, float]:
@@ -46,14 +42,13 @@ def aggregate(records: list[dict[str, Any]], n: int) -> dict[str, float]:
 
 
 def _majority_score(source: str, group: list[dict[str, Any]]) -> float | None:
-    answers = [(_extract(source, r["response"]), r["score"]) for r in group]
-    if all(a is None for a, _ in answers) and _extract(source, "#### 0") is None:
-        return None  # no extractor for this source
-    votes = Counter(a for a, _ in answers if a is not None)
-    if not votes:
-        return 0.0
-    winner, _ = votes.most_common(1)[0]
-    return next(score for answer, score in answers if answer == winner)
+    """Score of the majority-voted response; None when the source has no default rule scorer."""
+    try:
+        keys = default_vote_keys(source, [r["response"] for r in group])
+    except UserError:
+        return None  # no scorer, so no notion of equal answers
+    j = majority_index(keys)
+    return 0.0 if j is None else group[j]["score"]
 
 
 def validate(trainer: Any, dataset: Any) -> dict[str, float]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from alignctl.batch import Batch
+from alignctl.models.loading import position_ids_from_mask
 from alignctl.rollout.base import RolloutOutput
 
 
@@ -35,10 +36,6 @@ def right_pad(tensor: torch.Tensor, width: int, value: float | int) -> torch.Ten
         raise ValueError(f"response width {tensor.shape[1]} exceeds max_response_length {width}")
     pad = torch.full((tensor.shape[0], width - tensor.shape[1]), value, dtype=tensor.dtype)
     return torch.cat([tensor.cpu(), pad], dim=1)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0) * attention_mask
 
 
 def assemble(prompt_ids: Sequence[Sequence[int]], out: RolloutOutput, *, prompt_width: int,

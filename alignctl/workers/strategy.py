@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from alignctl.models.blocks import transformer_blocks
 from alignctl.workers.train_engine import TrainEngine
 
 
@@ -65,14 +66,15 @@ class DDPEngine(TrainEngine):
 
 
 class FSDP2Engine(TrainEngine):
-    """``fully_shard`` on every decoder layer and on the root (torch FSDP2)."""
+    """``fully_shard`` on every transformer block (one unit each, found from the model's
+    ``_no_split_modules`` by :func:`alignctl.models.blocks.transformer_blocks`) and on the root."""
 
     def __init__(self, model: nn.Module, world_size: int) -> None:
         from torch.distributed.fsdp import fully_shard
 
         super().__init__(model, world_size)
-        for layer in _decoder_layers(model):
-            fully_shard(layer)
+        for block in transformer_blocks(model):
+            fully_shard(block)
         fully_shard(model)
         self._fsdp_modules = [m for m in model.modules() if hasattr(m, "unshard") and hasattr(m, "reshard")]
 
@@ -101,14 +103,6 @@ class FSDP2Engine(TrainEngine):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
-
-
-def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated transformer blocks (HF models keep them in a ModuleList called ``layers``)."""
-    for name, child in model.named_modules():
-        if name.endswith("layers") and isinstance(child, nn.ModuleList):
-            return list(child)
-    return []
 
 
 ENGINES: dict[str, type[TrainEngine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}

@@ -3,70 +3,24 @@
 Each input row has ``problem`` and ``solution`` (optionally ``level`` and ``type``); the ground
 truth is the content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in the solution, found by
 real brace matching so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}`` and ``\\boxed{\\{1,2\\}}``
-gives ``\\{1,2\\}``. Prompt and data_source follow verl's ``math_dataset.py``. An empty or
-whitespace-only problem or solution is a bad row (the instruction alone is not a problem).
+gives ``\\{1,2\\}`` (:func:`alignctl.rewards.math.last_boxed`, shared with eval's answer votes). Prompt and data_source follow verl's
+``math_dataset.py``. An empty or whitespace-only problem or solution is a bad row (the
+instruction alone is not a problem).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from alignctl.data.preprocess.common import Context
 from alignctl.data.readers import Record, read_records, split_files
 from alignctl.data.schema import user
+from alignctl.rewards.math import BoxError, last_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 FIELDS = {"problem": str, "solution": str}
 OPTIONAL = {"level": str, "type": str}
-
-# A box command followed by its argument: `\boxed{...}`, `\boxed {...}` or `\boxed 5`.
-_BOX = re.compile(r"\\(?:boxed|fbox)(?=[\s{])")
-
-
-class BoxError(ValueError):
-    """The solution's last box is malformed (unbalanced braces, empty)."""
-
-
-def _closing_brace(text: str, start: int) -> int:
-    """Index of the ``}`` matching the ``{`` at ``start``. A backslash escapes the next character,
-    so ``\\{`` / ``\\}`` are literal braces and ``\\\\`` (a LaTeX line break) does not escape."""
-    depth = 0
-    i = start
-    while i < len(text):
-        char = text[i]
-        if char == "\\":
-            i += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    raise BoxError("unbalanced braces in the last \\boxed{...}")
-
-
-def last_boxed(solution: str) -> str | None:
-    """Content of the last ``\\boxed``/``\\fbox`` in ``solution``; None when there is none.
-    Raises :class:`BoxError` when that box is malformed."""
-    matches = list(_BOX.finditer(solution))
-    if not matches:
-        return None
-    i = matches[-1].end()
-    while i < len(solution) and solution[i].isspace():
-        i += 1
-    if i < len(solution) and solution[i] == "{":
-        content = solution[i + 1: _closing_brace(solution, i)]
-    else:
-        # `\boxed 5$`: the argument runs to the closing `$` (or the end of the line).
-        content = re.split(r"[$\n]", solution[i:], maxsplit=1)[0]
-    content = content.strip()
-    if not content:
-        raise BoxError("the last \\boxed{} is empty")
-    return content
 
 
 def make_row(problem: str, solution: str, truth: str, data: dict[str, Any]) -> dict[str, Any]:
