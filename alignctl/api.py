@@ -194,10 +194,16 @@ class RLHFTrainer:
         if self.result is None:
             raise UserError("save_model: call train() first")
         from alignctl.pipeline.atomic import atomic_output_dir
+        from alignctl.pipeline.ownership import protected_reason
 
         dest = Path(path)
+        source = Path(self.result.policy_dir)
+        # Replacing the run folder (or the policy itself) would delete what is being copied.
+        reason = protected_reason(dest.expanduser().resolve(), [source])
+        if reason:
+            raise UserError(f"save_model {path}: refusing to write there, it {reason}; choose a new folder")
         with atomic_output_dir(dest, kind="model") as tmp:  # refuses a folder alignctl did not write
-            shutil.copytree(self.result.policy_dir, tmp, dirs_exist_ok=True)
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
         return dest
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -133,3 +134,87 @@ def test_every_in_memory_dataset_form_becomes_the_same_rows(tmp_path):
     assert rows[0][0]["data_source"] == "python"
     with pytest.raises(UserError, match=r"train_dataset\[1\]: expected a prompt string"):
         _dataset_files(["ok", 5], tmp_path / "c")
+
+
+# ---------------------------------------------------------------------------------------------- save_model
+
+
+def _trained(tmp_path, weights: bytes = b"step-2"):
+    """An RLHFTrainer whose run is over (a fake run folder stands in for train())."""
+    from types import SimpleNamespace
+
+    from alignctl import PPOConfig, RLHFTrainer
+    from alignctl.pipeline.ownership import mark_owned
+
+    run = tmp_path / "run"
+    (run / "actor").mkdir(parents=True)
+    mark_owned(run, "rl-run")
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "actor" / "config.json").write_text('{"model_type": "llama"}\n')
+    (run / "actor" / "model.safetensors").write_bytes(weights)
+    trainer = RLHFTrainer(config=PPOConfig(actor_model="unused"), train_dataset=["2 + 2?"])
+    trainer.result = SimpleNamespace(run_dir=run, policy_dir=run / "actor")
+    return trainer
+
+
+def _tree(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _leftovers(folder) -> list[str]:
+    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
+
+
+def test_save_model_refuses_a_folder_alignctl_did_not_write(tmp_path):
+    trainer = _trained(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError) as exc:
+        trainer.save_model(mine)
+    assert "\n" not in str(exc.value) and "not written by alignctl" in str(exc.value)
+    assert _tree(mine) == {"notes.txt": b"keep me"} and _leftovers(mine) == []
+
+
+def test_save_model_twice_replaces_its_own_output(tmp_path):
+    from alignctl.pipeline.ownership import is_owned
+
+    trainer = _trained(tmp_path)
+    dest = tmp_path / "policy"
+    assert trainer.save_model(dest) == dest
+    assert is_owned(dest) and (dest / "model.safetensors").read_bytes() == b"step-2"
+    (dest / "stale.txt").write_text("from the first save")
+    (tmp_path / "run" / "actor" / "model.safetensors").write_bytes(b"step-4")
+    trainer.save_model(dest)
+    assert (dest / "model.safetensors").read_bytes() == b"step-4"
+    assert not (dest / "stale.txt").exists()  # replaced, not merged
+    assert _leftovers(dest) == []
+
+
+def test_interrupted_save_model_leaves_the_previous_folder(tmp_path, monkeypatch):
+    import shutil
+
+    trainer = _trained(tmp_path)
+    dest = tmp_path / "policy"
+    trainer.save_model(dest)
+    before = _tree(dest)
+    (tmp_path / "run" / "actor" / "model.safetensors").write_bytes(b"step-4")
+
+    def copy_half_then_die(src, dst, **kwargs):
+        shutil.copy2(Path(src) / "config.json", Path(dst) / "config.json")
+        raise KeyboardInterrupt  # a kill mid-copy
+
+    monkeypatch.setattr(shutil, "copytree", copy_half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_model(dest)
+    assert _tree(dest) == before and _leftovers(dest) == []
+
+
+def test_save_model_never_replaces_the_run_it_copies_from(tmp_path):
+    trainer = _trained(tmp_path)
+    run = tmp_path / "run"
+    before = _tree(run)
+    for target in (run, run / "actor"):
+        with pytest.raises(UserError, match="holds the input"):
+            trainer.save_model(target)
+    assert _tree(run) == before and _leftovers(run) == []

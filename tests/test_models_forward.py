@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
 
+from alignctl.algos.entropy import entropy_from_logits
 from alignctl.models.attention import SEGMENT_SDPA, block_causal_mask
 from alignctl.models.forward import compute_log_probs, compute_values, logprobs_from_logits, pack_padded
-from alignctl.models.loading import ValueModel
+from alignctl.models.loading import new_value_model
 
 VOCAB = 50
 PROMPT, RESPONSE = 5, 7
@@ -32,11 +33,11 @@ def lm() -> LlamaForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def critic() -> ValueModel:
+def critic() -> LlamaForTokenClassification:
     torch.manual_seed(1)
-    model = ValueModel(LlamaModel(tiny_config())).eval()
-    torch.nn.init.normal_(model.value_head.weight)  # the default zero head would make values trivially equal
-    torch.nn.init.normal_(model.value_head.bias)
+    model = new_value_model(tiny_config()).eval()
+    torch.nn.init.normal_(model.score.weight)  # the default zero head would make values trivially equal
+    torch.nn.init.normal_(model.score.bias)
     return model
 
 
@@ -123,14 +124,14 @@ def test_gradients_packed_equal_padded(impl: str) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_values_packed_equal_padded(critic: ValueModel, impl: str) -> None:
-    critic.backbone.set_attn_implementation(impl)
+def test_values_packed_equal_padded(critic: LlamaForTokenClassification, impl: str) -> None:
+    critic.set_attn_implementation(impl)
     ids, mask = verl_batch()
     with torch.no_grad():
         packed = compute_values(critic, ids, mask, RESPONSE, max_tokens_per_row=12)
         padded = compute_values(critic, ids, mask, RESPONSE, use_remove_padding=False)
         # Reference for row 0 (no padding at all): values at columns 4..10 of a plain forward.
-        plain = critic(ids[:1])[0, PROMPT - 1 : -1]
+        plain = critic(ids[:1]).logits[0, PROMPT - 1 : -1, 0]
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
     torch.testing.assert_close(packed[0], plain, atol=1e-5, rtol=0)
     assert packed[3].abs().sum() == 0
@@ -149,6 +150,16 @@ def test_uniform_logits_entropy_is_log_vocab() -> None:
     logp, ent = logprobs_from_logits(torch.zeros(3, 8), torch.tensor([0, 5, 7]), compute_entropy=True)
     torch.testing.assert_close(ent, torch.full((3,), math.log(8)), atol=1e-6, rtol=0)
     torch.testing.assert_close(logp, torch.full((3,), -math.log(8)), atol=1e-6, rtol=0)
+
+
+def test_forward_entropy_is_the_algos_entropy() -> None:
+    """One entropy in the package: the log-prob path returns exactly what algos computes, also
+    for logits around 1e4 where a second formula (logsumexp - sum p z) is off by whole nats."""
+    torch.manual_seed(5)
+    logits = torch.cat([torch.randn(6, 50) * 3, torch.randn(2, 50) + 1e4])
+    _, ent = logprobs_from_logits(logits, torch.zeros(8, dtype=torch.long), compute_entropy=True, chunk_size=3)
+    assert torch.equal(ent, entropy_from_logits(logits))
+    torch.testing.assert_close(ent[6:], entropy_from_logits(logits[6:].double() - 1e4).float(), atol=1e-5, rtol=0)
 
 
 def test_chunked_equals_unchunked_with_gradients() -> None:
@@ -189,14 +200,14 @@ def test_pack_padded_restarts_positions_and_respects_budget() -> None:
 
 
 @pytest.mark.parametrize("impl", ["sdpa", SEGMENT_SDPA])
-def test_bf16_autocast_log_probs_and_values_stay_near_fp32(lm: LlamaForCausalLM, critic: ValueModel, impl: str) -> None:
+def test_bf16_autocast_log_probs_and_values_stay_near_fp32(lm: LlamaForCausalLM, critic: LlamaForTokenClassification, impl: str) -> None:
     """trainer.precision=bf16 runs forwards under bf16 autocast: the outputs come back float32, differ
     from fp32 (the matmuls really ran in bf16: ~3 significant digits) and stay within 0.05 nats of
     the independent fp32 reference on this model, padded rows still exactly 0."""
     from alignctl.workers.device import autocast
 
     lm.set_attn_implementation(impl)
-    critic.backbone.set_attn_implementation(impl)
+    critic.set_attn_implementation(impl)
     ids, mask = verl_batch()
     ref_logp, _ = reference_log_probs(lm, ids, mask, temperature=1.0)
     with torch.no_grad(), autocast("cpu", "bf16"):

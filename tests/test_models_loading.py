@@ -1,4 +1,4 @@
-"""Loading causal LMs, tokenizers, value models and reward models from local folders."""
+"""Loading causal LMs, tokenizers, critics (value models) and reward models from local folders."""
 
 from __future__ import annotations
 
@@ -7,21 +7,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModel, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, T5Config
+from safetensors.torch import load_file, save_file
+from transformers import (
+    AutoModel,
+    AutoModelForTokenClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    LlamaForTokenClassification,
+    LlamaModel,
+    T5Config,
+)
 
 from alignctl.errors import UserError
 from alignctl.models.attention import SEGMENT_SDPA
+from alignctl.models.forward import compute_values
 from alignctl.models.loading import (
-    VALUE_HEAD_FILE,
-    ValueModel,
+    LEGACY_VALUE_HEAD_FILE,
+    LEGACY_VALUE_META_FILE,
     last_token_index,
     load_causal_lm,
     load_reward_model,
     load_tokenizer,
     load_value_model,
     looks_local,
+    position_ids_from_mask,
     score_last_token,
+    value_head,
 )
 
 PAD = 0
@@ -125,30 +137,102 @@ def test_load_tokenizer_pad_fallback_and_side(tmp_path: Path) -> None:
         load_tokenizer(tmp_path, padding_side="middle")  # type: ignore[arg-type]
 
 
-def test_value_model_round_trip_in_hf_format(tmp_path: Path, lm_dir: Path) -> None:
+def verl_rows(lengths: list[tuple[int, int]], prompt_width: int = 4, response_width: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """[left-padded prompt | right-padded response] rows with (prompt, response) real lengths."""
+    torch.manual_seed(5)
+    ids = torch.randint(3, 40, (len(lengths), prompt_width + response_width))
+    mask = torch.zeros_like(ids)
+    for b, (p, r) in enumerate(lengths):
+        mask[b, prompt_width - p : prompt_width + r] = 1
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+def test_new_critic_from_causal_lm_has_a_zero_one_label_head(lm_dir: Path) -> None:
     critic = load_value_model(lm_dir)
-    # A causal LM folder gives a fresh zero head: all values start at 0.
-    ids = torch.randint(3, 40, (2, 5))
-    assert torch.count_nonzero(critic(ids)) == 0
+    assert isinstance(critic, LlamaForTokenClassification)
+    assert critic.config.num_labels == 1 and critic.config.classifier_dropout == 0.0
+    assert value_head(critic).weight.shape == (1, 16)
+    ids, mask = verl_rows([(4, 5), (2, 3)])
+    assert torch.count_nonzero(compute_values(critic, ids, mask, 5)) == 0  # every value starts at 0
+
+
+def test_saved_critic_loads_with_transformers_alone(tmp_path: Path, lm_dir: Path) -> None:
+    """Saved by alignctl, read back by plain transformers: the same values as alignctl's packed forward."""
+    critic = load_value_model(lm_dir, attn_implementation=SEGMENT_SDPA).train()  # train(): dropout must be off
     torch.manual_seed(2)
-    torch.nn.init.normal_(critic.value_head.weight)
-    torch.nn.init.normal_(critic.value_head.bias)
+    torch.nn.init.normal_(critic.score.weight)
+    torch.nn.init.normal_(critic.score.bias)
     critic.save_pretrained(tmp_path / "critic")
-    meta = json.loads((tmp_path / "critic" / "alignctl_value_model.json").read_text())
-    assert meta == {"format": "alignctl-value-model", "version": 1, "hidden_size": 16}
-    head = load_file(str(tmp_path / "critic" / VALUE_HEAD_FILE))
-    assert head["weight"].shape == (1, 16) and head["bias"].shape == (1,)
-    AutoModel.from_pretrained(tmp_path / "critic")  # the backbone is a plain HF folder
+    assert not (tmp_path / "critic" / LEGACY_VALUE_HEAD_FILE).exists()
+    assert json.loads((tmp_path / "critic" / "config.json").read_text())["architectures"] == ["LlamaForTokenClassification"]
+
+    plain = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic").train()
+    assert type(plain) is LlamaForTokenClassification and plain.config.num_labels == 1
+    ids, mask = verl_rows([(4, 5), (2, 3), (3, 1)])
+    with torch.no_grad():
+        ours = compute_values(critic, ids, mask, 5, max_tokens_per_row=12)
+        theirs = torch.zeros(3, 5)
+        for b in range(3):  # each sequence alone, no padding: value at column p is for token p+1
+            real = ids[b][mask[b].bool()]
+            n_prompt = int(mask[b, :4].sum())
+            out = plain(real[None]).logits[0, :, 0]
+            n = real.numel() - n_prompt
+            theirs[b, :n] = out[n_prompt - 1 : n_prompt - 1 + n]
+    assert theirs.abs().sum() > 0
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
     reloaded = load_value_model(tmp_path / "critic")
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(ids), critic(ids), atol=0, rtol=0)
+        torch.testing.assert_close(compute_values(reloaded, ids, mask, 5), ours, atol=1e-5, rtol=0)
 
 
-def test_value_model_seeded_from_reward_model(rm_dir: Path) -> None:
+def write_old_format_critic(folder: Path, seed: int) -> tuple[AutoModel, torch.Tensor, torch.Tensor]:
+    """A critic folder as alignctl wrote it before the token-classification format: the bare
+    backbone, ``value_head.safetensors`` and ``alignctl_value_model.json``."""
+    torch.manual_seed(seed)
+    backbone = LlamaModel(tiny_config()).eval()
+    weight, bias = torch.randn(1, 16), torch.randn(1)
+    backbone.save_pretrained(folder)
+    save_file({"weight": weight, "bias": bias}, str(folder / LEGACY_VALUE_HEAD_FILE))
+    meta = {"format": "alignctl-value-model", "version": 1, "hidden_size": 16}
+    (folder / LEGACY_VALUE_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return backbone, weight, bias
+
+
+def test_old_format_critic_folder_still_loads(tmp_path: Path) -> None:
+    backbone, weight, bias = write_old_format_critic(tmp_path / "old", seed=6)
+    critic = load_value_model(tmp_path / "old")
+    assert isinstance(critic, LlamaForTokenClassification)
+    torch.testing.assert_close(critic.score.weight.detach(), weight, atol=0, rtol=0)
+    torch.testing.assert_close(critic.score.bias.detach(), bias, atol=0, rtol=0)
+    ids, mask = verl_rows([(4, 5), (1, 2)])
+    with torch.no_grad():
+        hidden = backbone(ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).last_hidden_state
+        expected = (hidden @ weight.T + bias)[..., 0][:, 3:-1] * mask[:, 4:]
+        torch.testing.assert_close(compute_values(critic, ids, mask, 5), expected, atol=1e-5, rtol=0)
+    # Saving the loaded critic converts the folder to the standard one, even in place: the stale
+    # value_head.safetensors left there no longer counts once the weights hold the head.
+    with torch.no_grad():
+        critic.score.weight.mul_(2)
+    critic.save_pretrained(tmp_path / "old")
+    plain = AutoModelForTokenClassification.from_pretrained(tmp_path / "old")
+    torch.testing.assert_close(plain.score.weight, 2 * weight, atol=0, rtol=0)
+    torch.testing.assert_close(load_value_model(tmp_path / "old").score.weight, 2 * weight, atol=0, rtol=0)
+
+
+def test_critic_seeded_from_reward_model(rm_dir: Path) -> None:
     critic = load_value_model(rm_dir)
     score = load_file(str(rm_dir / "model.safetensors"))["score.weight"]
-    torch.testing.assert_close(critic.value_head.weight.detach(), score, atol=0, rtol=0)
-    assert isinstance(critic, ValueModel)
+    torch.testing.assert_close(critic.score.weight.detach(), score, atol=0, rtol=0)
+    assert torch.count_nonzero(critic.score.bias) == 0  # the reward head has no bias: a fresh zero one
+
+
+def test_many_label_classifier_is_not_a_critic(tmp_path: Path) -> None:
+    config = tiny_config()
+    config.num_labels = 3
+    LlamaForTokenClassification(config).save_pretrained(tmp_path)
+    with pytest.raises(UserError) as exc:
+        load_value_model(tmp_path)
+    assert_one_line_user_error(exc, "3 labels", "num_labels=1")
 
 
 def test_last_token_index_left_and_right_padding() -> None:

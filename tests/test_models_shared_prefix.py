@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification, Qwen2Config, Qwen2ForCausalLM
 
 from alignctl.models.attention import (
     PREFIX_SPANS_KWARG,
@@ -30,7 +30,7 @@ from alignctl.models.forward import (
     pack_shared_prompts,
     prompt_groups,
 )
-from alignctl.models.loading import ValueModel, position_ids_from_mask
+from alignctl.models.loading import new_value_model, position_ids_from_mask
 
 VOCAB = 64
 PROMPT, RESPONSE = 6, 7
@@ -60,13 +60,13 @@ def lm() -> LlamaForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def critic() -> ValueModel:
+def critic() -> LlamaForTokenClassification:
     torch.manual_seed(1)
-    model = ValueModel(LlamaModel(llama_config())).train()
+    model = new_value_model(llama_config()).train()
     # The default zero head would make values trivially equal; std 0.05 keeps values and their
     # gradients O(1), so an absolute float32 tolerance means the same thing as for log-probs.
-    torch.nn.init.normal_(model.value_head.weight, std=0.05)
-    torch.nn.init.normal_(model.value_head.bias, std=0.05)
+    torch.nn.init.normal_(model.score.weight, std=0.05)
+    torch.nn.init.normal_(model.score.bias, std=0.05)
     return model
 
 
@@ -223,8 +223,8 @@ def test_shared_gradients_equal_unshared(lm: LlamaForCausalLM, impl: str) -> Non
 
 
 @pytest.mark.parametrize("impl", [SEGMENT_SDPA, "sdpa", "eager"])
-def test_shared_values_and_gradients_equal_unshared(critic: ValueModel, impl: str) -> None:
-    critic.backbone.set_attn_implementation(impl)
+def test_shared_values_and_gradients_equal_unshared(critic: LlamaForTokenClassification, impl: str) -> None:
+    critic.set_attn_implementation(impl)
     ids, mask, _ = grpo_batch()
     weights = torch.randn(ids.shape[0], RESPONSE, generator=torch.Generator().manual_seed(7))
     params = list(critic.parameters())

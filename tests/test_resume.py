@@ -55,6 +55,21 @@ def test_a_step_folder_without_state_is_incomplete(tmp_path: Path):
     assert resolve_resume("auto", root) == root / "global_step_1"
 
 
+def test_critic_state_from_before_the_token_classification_critic_is_refused(tmp_path: Path):
+    """Critic checkpoints of the old layout (backbone.* + value_head.*) cannot be read into the
+    token-classification critic: one line saying so, before any weights are touched."""
+    from types import SimpleNamespace
+
+    from alignctl.workers.critic import CriticWorker
+
+    (tmp_path / "dcp").mkdir()  # what an old critic folder held: weights, no layout file
+    untouched = SimpleNamespace()  # no engine: the check must come first
+    with pytest.raises(UserError) as exc:
+        CriticWorker.load_checkpoint(untouched, str(tmp_path))  # type: ignore[arg-type]
+    assert "\n" not in str(exc.value) and "older alignctl" in str(exc.value)
+    assert "resume_mode=disable" in str(exc.value)
+
+
 def test_resume_modes(tmp_path: Path):
     root = tmp_path / "checkpoints"
     assert resolve_resume("auto", root) is None  # fresh start

@@ -6,7 +6,7 @@ response token at column p+1 = S-T+t, computed from the model output at column p
 
     log_probs[b, t] = log softmax(logits[b, p] / temperature)[input_ids[b, p+1]]
     entropy[b, t]   = entropy of that same distribution
-    values[b, t]    = value_head(hidden[b, p])      (value of the state before the token)
+    values[b, t]    = score(hidden[b, p])           (value of the state before the token)
 
 Entries whose token (or the token before it) is padding are 0 in both paths.
 
@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from alignctl.algos.entropy import entropy_from_log_probs
 from alignctl.models.attention import (
     MASK_IMPLEMENTATIONS,
     PREFIX_IMPLEMENTATIONS,
@@ -72,9 +73,8 @@ def _logprob_entropy_chunk(
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return logp, torch.zeros_like(logp)
-    # H = -sum p log p, with p = exp(log p): one pass over the vocabulary, no extra softmax.
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    # The one entropy formula (algos.entropy), fed the log-softmax computed above: no second softmax.
+    return logp, entropy_from_log_probs(logp_all)
 
 
 def logprobs_from_logits(
@@ -468,6 +468,13 @@ def _packed_log_probs(
     return LogProbOutput(_scatter(logps, index, batch, response_length), entropy)
 
 
+def _token_values(value_model: Any, input_ids: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """[B, S] float32 values from a one-label token classifier (or its DDP/FSDP/DeepSpeed wrapper:
+    called as a whole so the wrapper's hooks run)."""
+    logits = value_model(input_ids=input_ids, use_cache=False, **inputs).logits
+    return logits[..., 0].float()
+
+
 def compute_values(
     value_model: Any,
     input_ids: torch.Tensor,
@@ -479,7 +486,8 @@ def compute_values(
     max_tokens_per_row: int | None = None,
     share_prompt: bool = False,
 ) -> torch.Tensor:
-    """Values [B, T] (float32) of the states before each response token, for a :class:`ValueModel`.
+    """Values [B, T] (float32) of the states before each response token, for a critic loaded by
+    :func:`~alignctl.models.loading.load_value_model` (``*ForTokenClassification``, one label).
     ``share_prompt`` as in :func:`compute_log_probs` (the value before resp_i's first token is read
     at the shared prompt's last token)."""
     wanted = response_positions(attention_mask, response_length)
@@ -487,7 +495,8 @@ def compute_values(
     if not use_remove_padding:
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
-        values = value_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)[:, -t - 1 : -1]
+        values = _token_values(value_model, input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        values = values[:, -t - 1 : -1]
         return values * wanted[:, -t - 1 : -1].to(values.dtype)
     vals, index = [], []
     for row in pack_for_model(value_model, input_ids, attention_mask, t, position_ids, max_tokens_per_row, share_prompt):
@@ -495,7 +504,7 @@ def compute_values(
         if sel.keep.numel() == 0:
             continue
         kwargs = attention_inputs(value_model, row)
-        row_values = value_model(row.input_ids, position_ids=row.position_ids, **kwargs)[0]
+        row_values = _token_values(value_model, row.input_ids, position_ids=row.position_ids, **kwargs)[0]
         vals.append(row_values[sel.keep])
         index.append(sel.out_index)
     if not index:

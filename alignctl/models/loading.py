@@ -3,21 +3,20 @@
 Three model roles share one backbone family:
 
 - policy / reference: ``AutoModelForCausalLM`` (:func:`load_causal_lm`);
-- critic: a backbone (``AutoModel``) plus a scalar linear head per token (:class:`ValueModel`);
+- critic: ``AutoModelForTokenClassification`` with ``num_labels=1`` (verl's and TRL's choice): the
+  backbone plus a ``Linear(hidden, 1)`` head read at every position (:func:`load_value_model`);
 - reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1``, scored at the last
   non-pad token (:func:`load_reward_model`, :func:`score_last_token`).
 
-Value-model folder format (HF-compatible, written by :meth:`ValueModel.save_pretrained`)::
+A critic folder is whatever ``save_pretrained`` writes for that class (``config.json`` naming
+``*ForTokenClassification`` with one label and ``classifier_dropout`` 0, ``model.safetensors``):
+``AutoModelForTokenClassification.from_pretrained(DIR)`` loads it with no alignctl code. A critic
+can also start from a causal LM (the SFT policy: fresh zero head, every value 0 at first) or from a
+sequence-classification reward model (its one-row ``score`` seeds the head, as in OpenRLHF).
 
-    DIR/config.json                  backbone config (``AutoModel.from_pretrained(DIR)`` loads it)
-    DIR/model.safetensors            backbone weights (transformers' own layout)
-    DIR/value_head.safetensors       {"weight": [1, hidden] , "bias": [1]} of the scalar head
-    DIR/alignctl_value_model.json    {"format": "alignctl-value-model", "version": 1, "hidden_size": H}
-    DIR/tokenizer*                   optional, when a tokenizer was saved next to it
-
-A folder without ``value_head.safetensors`` (a causal LM, e.g. the SFT policy) loads as a critic
-with a fresh head; a sequence-classification reward model's ``score`` row seeds the head (a
-critic initialised from the reward model, as OpenRLHF does).
+Folders written by alignctl before the critic became a token classifier hold the bare backbone
+plus ``value_head.safetensors`` and ``alignctl_value_model.json``; they still load (the saved head
+is copied into ``score``), and saving the loaded model writes the standard folder.
 
 Offline rule: a path that exists or *looks* local (absolute, ``./``, ``../``, ``~``, more than one
 ``/``, or a first part that is a local folder) is never sent to a hub: ``local_files_only=True``. Only a bare ``org/name`` that does not
@@ -26,7 +25,7 @@ exist on disk is treated as a hub id.
 
 from __future__ import annotations
 
-import json
+import copy
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -40,10 +39,9 @@ from alignctl.errors import UserError
 # it can be requested at load time like "sdpa".
 from alignctl.models import attention as _attention  # noqa: F401
 
-VALUE_HEAD_FILE = "value_head.safetensors"
-VALUE_META_FILE = "alignctl_value_model.json"
-VALUE_FORMAT = "alignctl-value-model"
-VALUE_FORMAT_VERSION = 1
+# Files that mark a critic folder of the old (pre token-classification) alignctl format.
+LEGACY_VALUE_HEAD_FILE = "value_head.safetensors"
+LEGACY_VALUE_META_FILE = "alignctl_value_model.json"
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -166,84 +164,76 @@ def load_tokenizer(
     return tokenizer
 
 
-class ValueModel(nn.Module):
-    """Critic: transformer backbone + ``Linear(hidden, 1)`` applied at every position.
-
-    ``forward(input_ids [B,S], attention_mask, position_ids, **attention_kwargs) -> values [B,S]``
-    (float32). Extra keyword arguments (a 4D attention mask, ``cu_seq_lens_q`` ...) go to the
-    backbone unchanged, so the packed forward in :mod:`alignctl.models.forward` works here too.
-    """
-
-    def __init__(self, backbone: nn.Module) -> None:
-        super().__init__()
-        self.backbone = backbone
-        hidden = int(backbone.config.hidden_size)
-        dtype = next(backbone.parameters()).dtype
-        self.value_head = nn.Linear(hidden, 1, dtype=dtype)
-        # Zero head: every value starts at 0, so the first critic loss is the plain return scale.
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
-
-    @property
-    def config(self) -> Any:
-        return self.backbone.config
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
-        )
-        return self.value_head(out.last_hidden_state).squeeze(-1).float()
-
-    def save_pretrained(self, out_dir: str | os.PathLike[str]) -> None:
-        """Write the folder format documented at the top of this module."""
-        from safetensors.torch import save_file
-
-        folder = Path(out_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(folder)
-        head = {k: v.detach().contiguous().cpu() for k, v in self.value_head.state_dict().items()}
-        save_file(head, str(folder / VALUE_HEAD_FILE))
-        meta = {"format": VALUE_FORMAT, "version": VALUE_FORMAT_VERSION, "hidden_size": self.value_head.in_features}
-        (folder / VALUE_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+def critic_config(config: Any) -> Any:
+    """A copy of ``config`` for a one-label token classifier. Dropout before the head is off: the
+    values of one state must not change between the rollout pass and the update (PPO clips against
+    them), and transformers' default for configs without the key is 0.1."""
+    config = copy.deepcopy(config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    return config
 
 
-def _seed_head_from_folder(model: ValueModel, folder: Path) -> None:
-    """Load the saved head, or copy a reward model's ``score`` row into it when there is one."""
+def value_head(model: Any) -> nn.Linear:
+    """The ``Linear(hidden, 1)`` of a token-classification critic (``score`` in decoder LMs,
+    ``classifier`` in GPT-2 and encoder models)."""
+    model = getattr(model, "module", model)  # DDP-style wrappers
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Linear):
+            return head
+    raise UserError(f"{type(model).__name__} has no 'score' or 'classifier' linear head; expected a "
+                    f"*ForTokenClassification critic")
+
+
+def _head_params(model: Any) -> dict[str, nn.Parameter]:
+    """The head's parameters under their state-dict names (``score.weight``, ``score.bias``)."""
+    head = value_head(model)
+    prefix = next(name for name, module in model.named_modules() if module is head)
+    return {f"{prefix}.{name}": param for name, param in head.named_parameters()}
+
+
+def _zero_head(model: Any, missing: set[str] | None = None) -> None:
+    """Zero the head parameters named in ``missing`` (all of them when None): a fresh critic
+    predicts 0 everywhere, so the first value loss is the plain scale of the returns."""
+    with torch.no_grad():
+        for name, param in _head_params(model).items():
+            if missing is None or name in missing:
+                param.zero_()
+
+
+def new_value_model(config: Any, dtype: str | torch.dtype = "float32", attn_implementation: str | None = "sdpa") -> Any:
+    """A critic with random backbone weights and a zero head, from a (causal LM) config."""
+    from transformers import AutoModelForTokenClassification
+
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype)} if dtype != "auto" else {}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForTokenClassification.from_config(critic_config(config), **kwargs)
+    _zero_head(model)
+    return model
+
+
+def _copy_legacy_head(model: Any, folder: Path) -> None:
+    """Old-format folder: its ``value_head.safetensors`` ({weight [1, H], bias [1]}) into the head."""
     from safetensors.torch import load_file
 
-    head_file = folder / VALUE_HEAD_FILE
-    if head_file.is_file():
-        state = load_file(str(head_file))
-        try:
-            model.value_head.load_state_dict({k: v.to(model.value_head.weight.dtype) for k, v in state.items()})
-        except RuntimeError as exc:
-            raise UserError(f"value head '{head_file}' does not match the backbone: expected weight [1, hidden]") from exc
-        return
-    score = _reward_score_weight(folder)
-    if score is not None:
-        with torch.no_grad():
-            model.value_head.weight.copy_(score.to(model.value_head.weight.dtype))
+    head_file = folder / LEGACY_VALUE_HEAD_FILE
+    head = value_head(model)
+    state = load_file(str(head_file))
+    try:
+        head.load_state_dict({k: v.to(head.weight.dtype) for k, v in state.items()})
+    except RuntimeError as exc:
+        raise UserError(f"value head '{head_file}' does not match the model: expected weight [1, "
+                        f"{head.in_features}] and bias [1]") from exc
 
 
-def _reward_score_weight(folder: Path) -> torch.Tensor | None:
-    """``score.weight`` [1, H] of a sequence-classification checkpoint, else None."""
-    from safetensors import safe_open
-
-    config = json.loads((folder / "config.json").read_text())
-    if not any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
-        return None
-    for shard in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(shard), framework="pt") as f:
-            if "score.weight" in f.keys():
-                weight = f.get_tensor("score.weight")
-                return weight if weight.shape[0] == 1 else None
-    return None
+def _check_one_label(config: Any, source: str) -> None:
+    archs = getattr(config, "architectures", None) or []
+    labels = len(getattr(config, "id2label", None) or {})
+    if any(a.endswith(("ForTokenClassification", "ForSequenceClassification")) for a in archs) and labels > 1:
+        raise UserError(f"value model '{source}' is a classifier with {labels} labels; a critic needs one "
+                        f"(num_labels=1)")
 
 
 def load_value_model(
@@ -251,18 +241,26 @@ def load_value_model(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str | None = "sdpa",
     trust_remote_code: bool = False,
-) -> ValueModel:
-    """Critic from a value-model folder, a causal LM folder, or a reward-model folder."""
-    from transformers import AutoModel
+) -> Any:
+    """Critic (``AutoModelForTokenClassification``, one label) from a critic folder, a causal LM
+    folder, a reward-model folder or an old-format alignctl critic folder (see the module docstring)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     source, local = _source(path, "value model")
     kwargs = _load_kwargs(dtype, attn_implementation, trust_remote_code, local)
-    backbone = _from_pretrained(AutoModel, source, "value model", "a transformer backbone (AutoModel)", **kwargs)
-    if not hasattr(backbone.config, "hidden_size"):
-        raise UserError(f"value model '{source}' config has no hidden_size; expected a decoder transformer")
-    model = ValueModel(backbone)
-    if local:
-        _seed_head_from_folder(model, Path(source))
+    config = _from_pretrained(AutoConfig, source, "value model", "a model config",
+                              trust_remote_code=trust_remote_code, local_files_only=local)
+    _check_one_label(config, source)
+    model, info = _from_pretrained(
+        AutoModelForTokenClassification, source, "value model", "a token-classification critic",
+        config=critic_config(config), output_loading_info=True, **kwargs,
+    )
+    missing = set(info["missing_keys"])
+    _zero_head(model, missing)  # new from a causal LM: all of it; from a reward model: the bias
+    # Only a folder whose weights lack the head is read as the old format (a stale head file left
+    # next to a re-saved standard critic must not override its trained head).
+    if local and missing.issuperset(_head_params(model)) and (Path(source) / LEGACY_VALUE_HEAD_FILE).is_file():
+        _copy_legacy_head(model, Path(source))
     return model
 
 
@@ -299,7 +297,11 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counting non-pad tokens only (0 at each row's first real token; pads get 0)."""
+    """Position ids [B, S] of a padded batch: real tokens count 0, 1, 2, ... from each row's first
+    real token; left pads get 0 and right pads repeat the row's last real position (verl's
+    ``compute_position_id_with_mask``). The one rule of the package (rollout prefill, batch assembly,
+    training forwards, reward scoring). A pad's position only reaches that pad's own output (causal
+    attention, pads masked), so real tokens get the log-probs of the same row run unpadded."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 

@@ -1,7 +1,8 @@
-"""The critic role: a value model (LM backbone + scalar head) trained on GAE returns."""
+"""The critic role: a value model (a one-label ``*ForTokenClassification``) trained on GAE returns."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ from alignctl.algos import compute_value_loss
 from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
+from alignctl.errors import UserError
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
 from alignctl.workers.checkpoint import load_training_state, save_training_state
@@ -19,6 +21,11 @@ from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import attach_optimizer, resolve_attn_implementation
 from alignctl.workers.strategy import make_engine
 from alignctl.workers.update_loop import run_update
+
+# Names the parameter layout of the saved critic state (``model.*`` + ``score.*`` of a one-label
+# token classifier). Checkpoints without it hold the old ``backbone.*`` + ``value_head.*`` layout.
+LAYOUT_FILE = "critic_layout.txt"
+LAYOUT = "token-classification/1"
 
 
 class CriticWorker:
@@ -35,7 +42,7 @@ class CriticWorker:
         if ctx.device == "cuda":
             model = model.cuda()
         if critic.model.enable_gradient_checkpointing:
-            model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
         self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size, options=critic.deepspeed,
                                   key="critic.deepspeed")
@@ -86,6 +93,12 @@ class CriticWorker:
     def save_checkpoint(self, folder: str) -> None:
         """Weights, optimizer, LR schedule and this rank's random state (collective)."""
         save_training_state(self.engine, folder, self.ctx.rank, {"shuffle": self.shuffle_gen})
+        if self.ctx.rank == 0:
+            (Path(folder) / LAYOUT_FILE).write_text(LAYOUT + "\n", encoding="utf-8")
 
     def load_checkpoint(self, folder: str) -> None:
+        layout = Path(folder) / LAYOUT_FILE
+        if not layout.is_file() or layout.read_text(encoding="utf-8").strip() != LAYOUT:
+            raise UserError(f"{folder}: critic state written by an older alignctl (value head outside a "
+                            f"token-classification model); start over with trainer.resume_mode=disable")
         load_training_state(self.engine, folder, self.ctx.rank, {"shuffle": self.shuffle_gen})
