@@ -222,3 +222,26 @@ def test_bf16_autocast_log_probs_and_values_stay_near_fp32(lm: LlamaForCausalLM,
     assert out.log_probs[3].abs().sum() == 0 and values[3].abs().sum() == 0
     with autocast("cpu", "fp32"):
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_float32_output_head_under_bf16_autocast() -> None:
+    """The LM head patched to float32 returns float32 logits under bf16 autocast (the plain head
+    returns bf16), exactly the float32 product of the hidden states, and leaves parameter names alone."""
+    from alignctl.workers.device import autocast, float32_output_head
+
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(tiny_config()).eval()
+    names = list(model.state_dict())
+    ids, _ = verl_batch()
+    float32_output_head(model, "cpu")
+    float32_output_head(model, "cpu")  # idempotent: patched once
+    with torch.no_grad(), autocast("cpu", "bf16"):
+        hidden = model.model(ids).last_hidden_state
+        logits = model(ids).logits
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, hidden.float() @ model.lm_head.weight.T, atol=1e-5, rtol=0)
+    with torch.no_grad(), autocast("cpu", "bf16"):  # unpatched, the head runs in bf16
+        plain = LlamaForCausalLM(tiny_config()).eval()
+        plain.load_state_dict(model.state_dict())
+        assert plain(ids).logits.dtype == torch.bfloat16
+    assert list(model.state_dict()) == names

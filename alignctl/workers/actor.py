@@ -16,7 +16,7 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import SamplingParams, get_rollout_engine
 from alignctl.workers.checkpoint import load_training_state, save_training_state
-from alignctl.workers.device import autocast, on_worker_device
+from alignctl.workers.device import autocast, float32_output_head, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, save_hf_folder
@@ -53,6 +53,10 @@ class ActorRolloutRefWorker:
         # vLLM picks its own dtype; the hf engine generates with the training module under autocast.
         hf = arr.rollout.name == "hf"
         self.rollout_precision = self.cfg.trainer.precision if hf else "fp32"
+        if self.cfg.trainer.precision == "bf16":
+            for module in (self.policy.model, getattr(self.policy.ref_engine, "model", None)):
+                if module is not None:
+                    float32_output_head(module, ctx.device)
 
     # ------------------------------------------------------------------ rollout
 

@@ -34,3 +34,23 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[A
     if precision != "bf16":
         return contextlib.nullcontext()
     return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+
+
+def float32_output_head(model: Any, device: str) -> None:
+    """Run ``model``'s output projection (the LM head) in float32 even under bf16 autocast.
+
+    The logits feed the sampler and every log-prob; bf16 logits (8 bits of mantissa, ~0.06 of
+    rounding at |logit| 16) perturb both, and RL is sensitive to that where SFT is not. The head is
+    patched on the instance, so parameter names, tied weights and saved folders are unchanged."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "_alignctl_fp32", False):
+        return
+    plain = head.forward
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=device_type, enabled=False):
+            return plain(hidden.to(head.weight.dtype))
+
+    head.forward = forward
+    head._alignctl_fp32 = True
