@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from alignctl.console import console
+from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.eval import evaluate  # noqa: F401  (re-exported)
 from alignctl.trainers.reward_model import RewardModelTrainer  # noqa: F401  (re-exported)
@@ -150,7 +151,7 @@ class RLHFTrainer:
         self.train_files = _dataset_files(train_dataset, self.scratch)
         self.val_files = _dataset_files(eval_dataset, self.scratch / "val", "eval_dataset") if eval_dataset is not None else []
         self.workers = num_gpus or num_workers
-        self.device = "cuda" if num_gpus and _cuda_available() else "cpu"
+        self.device = resolve_device("auto") if num_gpus else "cpu"
         if num_gpus and self.device == "cpu":
             console.print(f"[bold yellow]warning:[/] num_gpus={num_gpus} but no CUDA device is visible: training "
                           f"on the CPU with {num_gpus} worker processes")
@@ -205,9 +206,3 @@ class RLHFTrainer:
         with atomic_output_dir(dest, kind="model") as tmp:  # refuses a folder alignctl did not write
             shutil.copytree(source, tmp, dirs_exist_ok=True)
         return dest
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())

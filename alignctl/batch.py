@@ -11,9 +11,40 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
+
+
+def pad_rows(rows: Sequence[Sequence[int | float]], value: int | float, *, width: int | None = None,
+             side: Literal["right", "left"] = "right",
+             dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rows (token ids, log-probs, 0/1 flags) -> a ``[N, width]`` tensor and its mask.
+
+    Each row's entries go to the right end (``side="left"``: left-padded prompts) or the left end
+    (``side="right"``: responses, RM inputs) of its row; every other cell holds ``value``. The mask
+    is a long tensor, 1 where a row's entry is. ``width`` defaults to the longest row (0 without
+    rows); a row longer than ``width`` is a ValueError. The one padding routine for rollout
+    outputs, batch assembly, prompt prefill and reward-model scoring."""
+    if side not in ("right", "left"):
+        raise ValueError(f"pad side {side!r}; expected 'right' or 'left'")
+    rows = [row.tolist() if isinstance(row, torch.Tensor) else list(row) for row in rows]
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    longest = int(lengths.max()) if rows else 0
+    if width is None:
+        width = longest
+    elif longest > width:
+        i = int(torch.argmax(lengths))
+        raise ValueError(f"row {i} has {longest} entries, more than the width {width}")
+    columns = torch.arange(width)
+    if side == "right":
+        mask = columns[None, :] < lengths[:, None]
+    else:
+        mask = columns[None, :] >= (width - lengths)[:, None]
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    # Boolean indexing walks the mask row by row, left to right: exactly the rows' entries in order.
+    out[mask] = torch.tensor([x for row in rows for x in row], dtype=dtype)
+    return out, mask.long()
 
 
 @dataclass

@@ -386,7 +386,9 @@ def _preflight(cfg: Any, overwrite: bool) -> None:
 
 
 def _interactive() -> bool:
-    return sys.stderr.isatty() and not os.environ.get("CI")
+    from alignctl.console import progress_enabled  # the one rule (stderr a terminal, not CI)
+
+    return progress_enabled()
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -22,14 +22,22 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
+def progress_bar() -> Progress:
+    """The one progress-bar look: description, bar, done/total, elapsed time, on stderr, erased
+    when finished. Used by :func:`track` and by the SFT/RM trainer callback; whether to show one at
+    all is the caller's ``progress`` flag, defaulting to :func:`progress_enabled`."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=True)
+
+
 def track(items: Iterable[T], description: str, total: int | None = None,
           enabled: bool | None = None) -> Iterator[T]:
-    """Iterate with a rich progress bar on stderr (a no-op wrapper when disabled)."""
+    """Iterate with a :func:`progress_bar` (a no-op wrapper when disabled; ``None``: only for a
+    person at a terminal)."""
     if not (progress_enabled() if enabled is None else enabled):
         yield from items
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with progress_bar() as bar:
         task = bar.add_task(description, total=total if total is not None else _len(items))
         for item in items:
             yield item

@@ -82,7 +82,7 @@ def test_read_metrics_errors_name_the_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no metrics.jsonl"):
         read_metrics(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n{not json\n')
-    with pytest.raises(UserError, match=r"metrics.jsonl:2: invalid JSON"):
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: expected one JSON object per line, got invalid JSON"):
         read_metrics(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"a": 1}\n')
     with pytest.raises(UserError, match=r"metrics.jsonl:1: expected an object with a numeric 'step'"):

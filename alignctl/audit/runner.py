@@ -194,12 +194,12 @@ def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Mess
         result.checks.append(CheckResult("label_error", False, f"RM P(rejected better) >= {threshold}", {},
                                          ran=False, note="needs --reward-model"))
         return
-    from alignctl.eval.runner import resolve_device
+    from alignctl.device import resolve_device
     from alignctl.eval.scoring import RewardScorer
 
     scorable = [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
                 and r[0]["content"].strip()]
-    scorer = RewardScorer(opts.reward_model, device=resolve_device(opts.device), dtype="float32",
+    scorer = RewardScorer(opts.reward_model, device=resolve_device(opts.device, key="--device"), dtype="float32",
                           batch_size=opts.rm_batch_size, max_length=None, normalize=False, progress=opts.progress)
     try:
         chosen = scorer.score([convs[i][:2] for i in scorable], "scoring chosen")

@@ -45,7 +45,8 @@ class ModelConfig:
     path: str | None = field(None, help="HF model folder (or hub name when online).")
     tokenizer_path: str | None = field(None, help="Tokenizer folder (default: model.path).")
     dtype: str = field("float32", help="Parameter dtype.", choices=("float32", "bfloat16", "float16"))
-    attn_implementation: str = field("auto", help="Attention kernel. auto: flash_attention_2 on GPU when installed, "
+    attn_implementation: str = field("auto", help="Attention kernel. auto: flash_attention_2 on GPU when packing "
+                                                  "(use_remove_padding) and flash-attn is installed, "
                                                   "else alignctl_segment_sdpa when packing (packed sequences attend "
                                                   "segment by segment, cost sum(len^2)), else sdpa.",
                                      choices=("auto", "sdpa", "eager", "flash_attention_2", "alignctl_segment_sdpa"))
@@ -299,8 +300,8 @@ class TrainerConfig:
     cpus_per_worker: int = field(1, ge=1, help="CPU cores (and torch threads) given to each worker.")
     precision: str = field("fp32", help="bf16: every role's forward passes (rollout, log-probs, training, critic "
                                         "values, reward-model scores) run under bf16 autocast while parameters, "
-                                        "gradients and optimizer state stay in model.dtype; log-probs are taken "
-                                        "in float32. Faster on GPUs and on CPUs with bf16 instructions "
+                                        "gradients and optimizer state stay in model.dtype; the LM head runs in "
+                                        "float32 and log-probs are taken in float32. Faster on GPUs and on CPUs with bf16 instructions "
                                         "(avx512_bf16/AMX; docs/models.md has the measured factor).",
                            choices=("fp32", "bf16"))
     test_freq: int = field(-1, ge=-1, help="Validate every N steps (-1: only at the end).")

@@ -25,10 +25,10 @@ class ModelConfig:
     path: str = field("", help="Hugging Face model folder (e.g. the init-model output) or hub id. Required.")
     dtype: str = field("float32", help="Dtype the weights are loaded in (mixed precision is trainer.precision).",
                        choices=DTYPES)
-    attn_implementation: str = field("auto", help="Attention kernel: 'auto' picks flash_attention_2 when "
-                                                  "installed, else sdpa (alignctl_segment_sdpa when packing, "
-                                                  "so packed sequences stay isolated); or any name transformers "
-                                                  "accepts.")
+    attn_implementation: str = field("auto", help="Attention kernel: 'auto' picks flash_attention_2 on a GPU "
+                                                  "when packing and flash-attn is installed, else "
+                                                  "alignctl_segment_sdpa when packing (packed sequences stay "
+                                                  "isolated), else sdpa; or any name transformers accepts.")
     trust_remote_code: bool = field(False, help="Allow model code shipped with the checkpoint.")
     freeze_layers: int = field(0, help="Freeze the input embeddings and the first N transformer layers; only the "
                                        "layers above them and the head train. Backward stops at layer N, so a "

@@ -86,7 +86,19 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         raise UserError(f"{path}: cannot read file ({exc})") from None
 
 
-def _read_jsonl(path: Path, bad: BadRows) -> Iterator[Record]:
+def read_jsonl(path: str | Path, bad: BadRows | None = None, *, allow_empty: bool = True,
+               torn_tail: bool = False) -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` per non-blank line of a ``.jsonl`` / ``.jsonl.gz`` file, ``where`` being
+    ``FILE:LINE``: the one JSON-lines reader (input rows, tokenizer training text, metrics.jsonl).
+
+    A line that is not UTF-8 or not JSON goes to ``bad``; without one, the first such line raises
+    ``UserError("FILE:LINE: expected one JSON object per line, got invalid JSON (...)")``. What a
+    value must be (an object, with which fields) is the caller's check. ``allow_empty=False``:
+    a file without a single non-blank line is a UserError. ``torn_tail=True``: an unparsable
+    last line with no newline at its end is dropped, not reported: a writer killed in the middle
+    of a line (the metrics of a run being written or killed)."""
+    path = Path(path)
+    bad = bad if bad is not None else BadRows()
     seen = False
     for line_no, raw in _jsonl_lines(path):
         where = f"{path}:{line_no}"
@@ -94,19 +106,26 @@ def _read_jsonl(path: Path, bad: BadRows) -> Iterator[Record]:
             continue  # blank lines (a trailing newline, spacing) carry no row
         seen = True
         try:
-            data = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            bad.bad(where, "invalid_utf8", "line is not valid UTF-8 text")
+            value = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            if torn_tail and not raw.endswith(b"\n"):
+                return  # only the last line can lack its newline
+            if isinstance(exc, UnicodeDecodeError):
+                bad.bad(where, "invalid_utf8", "line is not valid UTF-8 text")
+            else:
+                bad.bad(where, "invalid_json", f"expected one JSON object per line, got invalid JSON ({exc.msg})")
             continue
-        except json.JSONDecodeError as exc:
-            bad.bad(where, "invalid_json", f"expected one JSON object per line, got invalid JSON ({exc.msg})")
-            continue
+        yield where, value
+    if not seen and not allow_empty:
+        raise UserError(f"{path}: empty file, expected JSON lines (one object per line)")
+
+
+def _read_jsonl(path: Path, bad: BadRows) -> Iterator[Record]:
+    for where, data in read_jsonl(path, bad, allow_empty=False):
         if not isinstance(data, dict):
             bad.bad(where, "not_object", f"expected a JSON object per line, got {type(data).__name__}")
             continue
         yield Record(where, data)
-    if not seen:
-        raise UserError(f"{path}: empty file, expected JSON lines (one object per line)")
 
 
 def _read_parquet(path: Path) -> Iterator[Record]:

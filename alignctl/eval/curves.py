@@ -8,12 +8,12 @@ responses grow (a length-hacking reward model)? And did held-out accuracy follow
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from alignctl.data.readers import read_jsonl
 from alignctl.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -50,15 +50,10 @@ def read_metrics(run_dir: str | Path) -> dict[str, Series]:
         raise UserError(f"{run_dir}: no {METRICS_FILE} (key 'run'); expected an RL run folder written by "
                         "'alignctl ppo' / 'alignctl grpo'")
     series: dict[str, Series] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg}); expected one object per line") from None
+    # A run still being written (or killed mid-write) may end in a torn line: dropped, as on resume.
+    for where, row in read_jsonl(path, torn_tail=True):
         if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
-            raise UserError(f"{path}:{lineno}: expected an object with a numeric 'step'")
+            raise UserError(f"{where}: expected an object with a numeric 'step'")
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 series.setdefault(key, []).append((float(row["step"]), float(value)))

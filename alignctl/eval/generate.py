@@ -17,6 +17,7 @@ import numpy as np
 
 from alignctl.console import track
 from alignctl.eval.data import PromptRow
+from alignctl.tools.chat import render_prompt
 
 ROLE_IDS = {"policy": 0, "reference": 1}
 
@@ -35,12 +36,12 @@ class Generations:
 
 
 def tokenize_prompts(tokenizer: Any, rows: Sequence[PromptRow]) -> list[list[int]]:
-    """Chat-templated prompt ids ending in the assistant turn (plain text when there is no template)."""
+    """Chat-templated prompt ids ending in the assistant turn, rendered as RL renders its prompts
+    (``tools/chat.py:render_prompt``); plain text when the tokenizer has no template."""
     out = []
     for row in rows:
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = render_prompt(tokenizer, row.messages, [])
         else:
             ids = tokenizer(row.text)["input_ids"]
         out.append([int(t) for t in ids])

@@ -23,6 +23,7 @@ import numpy as np
 
 from alignctl.config.core import iter_keys, load_config, to_dict
 from alignctl.config.eval import EvalConfig
+from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.eval import stats
 from alignctl.eval.accuracy import rule_accuracy
@@ -32,16 +33,6 @@ from alignctl.eval.results import EvalResults, number_text
 from alignctl.eval.scoring import RewardScorer, response_conversations
 
 STAGE = "eval"
-
-
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"eval: key 'device' is {name!r} but CUDA is not available; use 'cpu' or 'auto'")
-    return name
 
 
 def _models(cfg: EvalConfig) -> dict[str, str]:
@@ -163,7 +154,7 @@ def build_samples(rows: list[PromptRow], gens: dict[str, Generations], rewards: 
 def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = True) -> EvalResults:
     """Everything but writing files."""
     start = time.perf_counter()
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, key="eval: key 'device'")
     # Inputs that can be wrong are read before minutes of generation, not after.
     curves = curve_fields(cfg.run) if cfg.run else {}
     pairs = load_preference_pairs(cfg.preference_data, cfg.max_preference_pairs) if cfg.preference_data else None

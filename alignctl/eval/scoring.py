@@ -76,6 +76,7 @@ class RewardScorer:
     def _score_unique(self, sequences: list[list[int]], description: str) -> list[float]:
         import torch
 
+        from alignctl.batch import pad_rows
         from alignctl.models.loading import score_last_token
 
         pad = int(self.tokenizer.pad_token_id)
@@ -84,12 +85,7 @@ class RewardScorer:
         with torch.inference_mode():
             for start in track(starts, description, enabled=None if self.progress else False):
                 chunk = sequences[start:start + self.batch_size]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for i, s in enumerate(chunk):
-                    ids[i, :len(s)] = torch.tensor(s)
-                    mask[i, :len(s)] = 1
+                ids, mask = pad_rows(chunk, pad)
                 scores = score_last_token(self.model, ids.to(self.device), mask.to(self.device))
                 out.extend(float(v) for v in scores.cpu())
         return out

@@ -170,6 +170,37 @@ def segment_sdpa_attention(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
+def flash_attn_installed() -> bool:
+    """Whether the ``flash_attn`` package is importable here (found, not imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_attn_implementation(name: str, *, device: str, packing: bool) -> str:
+    """The kernel a model is loaded with, for every stage (``model.attn_implementation``).
+
+    A name other than ``auto`` is returned unchanged. ``auto`` gives ``flash_attention_2`` when
+    ``device`` is CUDA, rows are packed and ``flash_attn`` is installed; otherwise
+    :data:`SEGMENT_SDPA` for packed rows (plain sdpa would let packed sequences attend to each
+    other, and a dense block mask costs the square of the whole row), else ``sdpa``.
+
+    ``device`` is where the model runs: a worker's device for RL roles, this process's for the
+    TRL stages (sft, train-rm). ``packing``: RL's ``use_remove_padding``, SFT's ``packing``; the
+    RM stage never packs.
+
+    One rule replaced two: the SFT/RM stages used to pick flash attention on any CUDA machine with
+    flash_attn, packed or not. The RL rule is kept because flash attention's gain is the varlen
+    path; on padded rows torch's sdpa already dispatches to a fused flash kernel on CUDA, and the
+    hf rollout engine's preallocated decode mask is only used with sdpa.
+    """
+    if name != "auto":
+        return name
+    if packing and device.startswith("cuda") and flash_attn_installed():
+        return "flash_attention_2"
+    return SEGMENT_SDPA if packing else "sdpa"
+
+
 def register() -> None:
     """Make ``attn_implementation="alignctl_segment_sdpa"`` loadable (idempotent)."""
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

@@ -15,7 +15,6 @@ generation stops at the end of the assistant turn; ``pad = <|pad|>`` (distinct f
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -92,29 +91,12 @@ def _data_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
 
 
 def _jsonl_texts(path: Path) -> Iterator[str]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in _numbered_lines(f, path):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg}); expected one object per line") from exc
-            if isinstance(row, dict):
-                for key in JSONL_TEXT_KEYS:
-                    yield from _strings(row.get(key))
+    from alignctl.data.readers import read_jsonl
 
-
-def _numbered_lines(handle: Any, path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line), with undecodable bytes (or a bad gzip stream) as a one-line error."""
-    lineno = 0
-    try:
-        for lineno, line in enumerate(handle, 1):
-            yield lineno, line
-    except (UnicodeDecodeError, OSError, EOFError) as exc:
-        raise UserError(f"{path}:{lineno + 1}: not readable as UTF-8 JSON lines ({type(exc).__name__}); "
-                        f"expected one JSON object per line") from None
+    for _, row in read_jsonl(path):
+        if isinstance(row, dict):
+            for key in JSONL_TEXT_KEYS:
+                yield from _strings(row.get(key))
 
 
 def _parquet_texts(path: Path) -> Iterator[str]:

@@ -1,4 +1,5 @@
-"""Atomic output folders: work happens in a hidden temporary sibling that is renamed into place.
+"""Atomic output folders (and single files): work happens in a hidden temporary sibling that is
+renamed into place.
 
 A reader therefore sees either nothing or the complete folder, never half-written output, even
 when the writer crashes or is killed. The temporary folder lives next to the destination so the
@@ -76,3 +77,16 @@ def _replace_dir(tmp: Path, dest: Path) -> None:
     os.replace(tmp, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write a whole text file so that readers see the old content or the new, never a torn file:
+    into a hidden sibling, then renamed over ``path`` (checkpoint pointer, truncated metrics)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alignctl.config.rl import RLConfig
+from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.plan import memory as mem
 
@@ -79,7 +80,7 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
     """The plan of ``cfg``; ``device_memory`` in bytes per device (None: detect)."""
     arr = cfg.actor_rollout_ref
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    device = _device(cfg)
+    device = resolve_device(cfg.trainer.device)
     shapes = dict(shapes or {})
     if "actor" not in shapes:
         shapes["actor"] = model_shape(str(arr.model.path), "lm")
@@ -164,14 +165,6 @@ def _reward(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) ->
     role.resident = {"weights": shape.params * p}  # replicated on every worker
     role.phases["score"] = {"forward": mem.forward_bytes(shape, rows * length, c)}
     return role
-
-
-def _device(cfg: RLConfig) -> str:
-    if cfg.trainer.device != "auto":
-        return cfg.trainer.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def detect_device_memory(device: str, workers_per_node: int) -> int | None:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 
+from alignctl.batch import pad_rows
 from alignctl.errors import UserError
 
 FinishReason = Literal["stop", "length"]
@@ -114,15 +115,12 @@ class RolloutOutput:
         if len(responses) % n:
             raise ValueError(f"{len(responses)} responses is not a multiple of n={n}")
         rows = len(responses)
-        width = max((len(r) for r in responses), default=0)
-        ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.long)
-        logps = torch.zeros((rows, width), dtype=torch.float32)
-        for i, resp in enumerate(responses):
-            ids[i, : len(resp)] = torch.tensor(list(resp), dtype=torch.long)
-            mask[i, : len(resp)] = 1
-            if log_probs is not None:
-                logps[i, : len(resp)] = torch.tensor(list(log_probs[i]), dtype=torch.float32)
+        ids, mask = pad_rows(responses, pad_token_id)
+        logps = torch.zeros(ids.shape, dtype=torch.float32)
+        if log_probs is not None:
+            logps, logp_mask = pad_rows(log_probs, 0.0, width=ids.shape[1], dtype=torch.float32)
+            if not torch.equal(logp_mask, mask):
+                raise ValueError("log_probs rows must have one entry per response token")
         reasons: list[FinishReason] = []
         for i, r in enumerate(finish_reason):
             if r not in ("stop", "length"):

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
+from alignctl.batch import pad_rows
 from alignctl.errors import UserError
 from alignctl.models.loading import position_ids_from_mask
 from alignctl.rollout.base import (
@@ -142,7 +143,8 @@ class HFRolloutEngine(RolloutEngine):
     def _generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids: tuple[int, ...]) -> RolloutOutput:
         device = _module_device(self.model)
         n, max_new = params.n, params.max_new_tokens
-        input_ids, prompt_mask = left_pad(prompts, self.pad_token_id, device)
+        input_ids, prompt_mask = pad_rows(prompts, self.pad_token_id, side="left")  # to the longest prompt
+        input_ids, prompt_mask = input_ids.to(device), prompt_mask.bool().to(device)
         big_b, width = input_ids.shape[0] * n, input_ids.shape[1]
         cache = make_cache(self.model.config, width + max_new, self.preallocate)
         generator = None
@@ -257,17 +259,6 @@ class HFRolloutEngine(RolloutEngine):
             pad_token_id=self.pad_token_id,
             metrics=metrics,
         )
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists to the longest. Returns (ids [B, P] long, mask [B, P] bool)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = True
-    return ids.to(device), mask.to(device)
 
 
 @contextlib.contextmanager

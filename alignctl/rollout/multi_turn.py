@@ -27,8 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from alignctl.batch import pad_rows
 from alignctl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from alignctl.tools.base import TOOLS, ToolResult, run_tool
 from alignctl.tools.chat import ToolTurns
@@ -161,7 +160,7 @@ class MultiTurnRollout(RolloutEngine):
         out = RolloutOutput.from_ragged([t.ids for t in trajs], [t.logps for t in trajs] if params.logprobs else None,
                                         [t.finish for t in trajs], params.n, pad, metrics)
         width = out.response_ids.shape[1]
-        out.loss_mask = torch.tensor([t.loss + [0] * (width - len(t.loss)) for t in trajs], dtype=torch.long)
+        out.loss_mask, _ = pad_rows([t.loss for t in trajs], 0, width=width)
         # Per row, so that the controller can total them over every worker (trainers/metrics.py).
         out.extras = {"turns": [t.turns for t in trajs], "tool_valid_calls": [t.valid_calls for t in trajs],
                       "tool_errors": [sum(t.errors.values()) for t in trajs],

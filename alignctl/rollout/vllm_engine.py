@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from alignctl.device import cuda_available
 from alignctl.errors import UserError
 from alignctl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams, validate_prompts
 
@@ -73,7 +74,7 @@ class VLLMRolloutEngine(RolloutEngine):
         **llm_kwargs: Any,
     ) -> None:
         vllm = _import_vllm()
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise UserError("rollout engine 'vllm' needs a CUDA GPU; use rollout.name=hf on CPU")
         kwargs: dict[str, Any] = dict(
             model=model_path, tokenizer=tokenizer_path or model_path, dtype=dtype,

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from alignctl.console import console
+from alignctl.data.readers import read_jsonl
 from alignctl.errors import UserError
+from alignctl.pipeline.atomic import atomic_write_text
 from alignctl.trainers.checkpoint_trust import check_trusted, write_manifest
 
 STEP_PREFIX = "global_step_"
@@ -91,9 +93,7 @@ def commit(partial: Path, root: Path, step: int, keep: int | None) -> Path:
     if final.exists():  # the same step saved by an earlier run that started over (resume_mode=disable)
         shutil.rmtree(final)
     os.replace(partial, final)
-    latest = root / f".{LATEST_FILE}.tmp"
-    latest.write_text(f"{step}\n", encoding="utf-8")
-    os.replace(latest, root / LATEST_FILE)
+    atomic_write_text(root / LATEST_FILE, f"{step}\n")
     if keep is not None:
         for _, old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -123,16 +123,12 @@ def resolve_resume(mode: str, root: Path, *, trust: bool = False) -> Path | None
 
 
 def read_metric_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl; a torn last line (the run was killed while writing it) is dropped."""
+    """Rows of a metrics.jsonl; a torn last line (the run was killed while writing it) is dropped,
+    any other bad line is a one-line error naming it (truncating would silently lose the rows
+    after it)."""
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+    return [row for _, row in read_jsonl(path, torn_tail=True)]
 
 
 def truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
@@ -140,7 +136,5 @@ def truncate_metrics(path: Path, step: int) -> list[dict[str, Any]]:
     if not path.exists():  # resuming into a new run folder (not created yet): nothing to keep
         return []
     rows = [row for row in read_metric_rows(path) if int(row.get("step", 0)) <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
     return rows

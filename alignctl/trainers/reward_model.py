@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from alignctl.config.core import iter_keys, load_config, to_dict
 from alignctl.config.reward_model import RewardModelConfig
+from alignctl.device import resolve_device
 from alignctl.errors import UserError, writing
 from alignctl.trainers import sft_common as common
 from alignctl.trainers.rm_data import ROW_COLUMN, to_preference
@@ -80,7 +81,9 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     """A ``trl.RewardTrainer`` configured from ``cfg``."""
     import trl
 
-    attn = common.resolve_attn_implementation(cfg.model.attn_implementation, packing=False)
+    from alignctl.models.attention import resolve_attn_implementation
+
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device=resolve_device(), packing=False)
     kwargs = common.training_kwargs(cfg, scratch, has_eval=val is not None, max_length=cfg.data.max_length,
                                     attn_implementation=attn)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)

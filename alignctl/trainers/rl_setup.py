@@ -10,6 +10,7 @@ from typing import Any
 from alignctl.config.core import to_dict
 from alignctl.console import console
 from alignctl.config.rl import RLConfig
+from alignctl.device import resolve_device
 from alignctl.data.rl_dataset import PromptLoader, RLPromptDataset, load_dataset_class
 from alignctl.errors import UserError
 from alignctl.models.loading import load_tokenizer
@@ -59,18 +60,10 @@ def build_components(cfg: RLConfig) -> RLComponents:
     return RLComponents(tokenizer, train, val, loader, total, RewardComputer(cfg, tokenizer), run_dir)
 
 
-def resolve_device(cfg: RLConfig) -> str:
-    if cfg.trainer.device != "auto":
-        return cfg.trainer.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def start_workers(cfg: RLConfig, total_steps: int) -> WorkerGroup:
     """One resource pool holding every role (the hybrid engine); Ray local unless an address is given."""
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    device = resolve_device(cfg)
+    device = resolve_device(cfg.trainer.device)  # workers may be on other nodes: not checked here
     cpus = cfg.trainer.cpus_per_worker
     init_ray(cfg.trainer.ray_address, num_cpus=max(os.cpu_count() or 1, world * cpus))
     config = to_dict(cfg)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from alignctl.config.core import to_dict
 from alignctl.config.sft import SFTConfig
+from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.trainers import sft_common as common
 from alignctl.trainers.sft_data import to_prompt_completion
@@ -55,7 +56,9 @@ def build_sft_trainer(cfg: SFTConfig, tokenizer: Any, train: datasets.Dataset, v
     """A ``trl.SFTTrainer`` configured from ``cfg`` (loss on completion tokens only)."""
     import trl
 
-    attn = common.resolve_attn_implementation(cfg.model.attn_implementation, cfg.packing)
+    from alignctl.models.attention import resolve_attn_implementation
+
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device=resolve_device(), packing=cfg.packing)
     kwargs = common.training_kwargs(cfg, common.staging_dir(cfg.output_dir), has_eval=val is not None,
                                     max_length=cfg.data.max_length, attn_implementation=attn)
     args = trl.SFTConfig(**kwargs, completion_only_loss=True, packing=cfg.packing,

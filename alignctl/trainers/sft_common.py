@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alignctl.device import cuda_available
 from alignctl.errors import UserError
 
 if TYPE_CHECKING:  # keep heavy imports out of module import time
@@ -94,12 +95,6 @@ def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
 # ------------------------------------------------------------------------------ arguments
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def resolve_precision(precision: str) -> dict[str, bool]:
     """``trainer.precision`` -> bf16/fp16 flags. bf16 autocast on a CPU pays only with bf16 matmul
     instructions (avx512_bf16 / AMX: 2.5x on SmolLM2, docs/models.md) and costs elsewhere (and on
@@ -107,24 +102,8 @@ def resolve_precision(precision: str) -> dict[str, bool]:
     import torch
 
     if precision == "auto":
-        precision = "bf16" if _cuda() and torch.cuda.is_bf16_supported() else "fp32"
+        precision = "bf16" if cuda_available() and torch.cuda.is_bf16_supported() else "fp32"
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-
-
-def resolve_attn_implementation(name: str, packing: bool) -> str:
-    """'auto' -> flash_attention_2 when importable; otherwise sdpa, or for packed rows sdpa run
-    segment by segment (plain sdpa would let packed sequences attend to each other)."""
-    if name != "auto":
-        return name
-    import importlib.util
-
-    if _cuda() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    if packing:
-        from alignctl.models.attention import SEGMENT_SDPA
-
-        return SEGMENT_SDPA
-    return "sdpa"
 
 
 def model_init_kwargs(model: Any, attn_implementation: str) -> dict[str, Any]:
@@ -168,10 +147,10 @@ def training_kwargs(cfg: Any, scratch: Path, *, has_eval: bool, max_length: int 
         "model_init_kwargs": model_init_kwargs(cfg.model, attn_implementation),
         "trust_remote_code": cfg.model.trust_remote_code,
         "dataset_num_proc": None,
-        "dataloader_pin_memory": _cuda(),  # pinning without a GPU only warns
+        "dataloader_pin_memory": cuda_available(),  # pinning without a GPU only warns
         # Without use_cpu, accelerate ignores a torchrun/accelerate launch on a CPU-only machine and
         # every process trains alone; with it, the processes form one gloo DDP group.
-        "use_cpu": not _cuda(),
+        "use_cpu": not cuda_available(),
         **resolve_precision(t.precision),
     }
 
@@ -252,7 +231,7 @@ def progress_callback(enabled: bool, description: str) -> Any:
     description). Disabled outside a terminal (CI logs), like :func:`alignctl.console.track`."""
     from transformers import TrainerCallback
 
-    from alignctl.console import progress_enabled
+    from alignctl.console import progress_bar, progress_enabled
 
     class ProgressBarCallback(TrainerCallback):
         def __init__(self) -> None:
@@ -262,11 +241,7 @@ def progress_callback(enabled: bool, description: str) -> Any:
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if not (enabled and progress_enabled() and state.is_world_process_zero):
                 return
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self.bar = Progress(*columns, console=Console(stderr=True), transient=True)
+            self.bar = progress_bar()
             self.bar.start()
             self.task = self.bar.add_task(description, total=state.max_steps)
 

@@ -12,13 +12,14 @@ from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.errors import UserError
+from alignctl.models.attention import resolve_attn_implementation
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
 from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
-from alignctl.workers.model_setup import attach_optimizer, resolve_attn_implementation
+from alignctl.workers.model_setup import attach_optimizer
 from alignctl.workers.strategy import make_engine
 from alignctl.workers.update_loop import run_update
 
@@ -37,7 +38,8 @@ class CriticWorker:
         critic = self.cfg.critic
         arr = self.cfg.actor_rollout_ref
         torch.manual_seed(self.cfg.trainer.seed + 1)
-        attn = resolve_attn_implementation(arr.model.attn_implementation, ctx.device, critic.model.use_remove_padding)
+        attn = resolve_attn_implementation(arr.model.attn_implementation, device=ctx.device,
+                                           packing=critic.model.use_remove_padding)
         model = load_value_model(critic.model.path or arr.model.path, dtype=arr.model.dtype, attn_implementation=attn)
         if ctx.device == "cuda":
             model = model.cuda()

@@ -19,24 +19,11 @@ from torch import nn
 
 from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig
 from alignctl.errors import UserError
+from alignctl.models.attention import resolve_attn_implementation
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
 from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
 from alignctl.workers.train_engine import TrainEngine
-
-
-def resolve_attn_implementation(name: str, device: str, packed: bool) -> str:
-    """``auto``: the fastest exact kernel here. A dense block-diagonal mask (plain sdpa on packed
-    rows) costs the square of the whole row, so packing without a varlen kernel would be slower than
-    padding; the segment kernel keeps packing's advantage on CPU."""
-    if name != "auto":
-        return name
-    if device == "cuda" and packed:
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return "alignctl_segment_sdpa" if packed else "sdpa"
 
 
 def warmup_steps(optim: OptimConfig, total_steps: int) -> int:
@@ -158,7 +145,8 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     arr = cfg.actor_rollout_ref
     check_lora_support(arr)
     tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, padding_side="left")
-    attn = resolve_attn_implementation(arr.model.attn_implementation, ctx.device, arr.model.use_remove_padding)
+    attn = resolve_attn_implementation(arr.model.attn_implementation, device=ctx.device,
+                                       packing=arr.model.use_remove_padding)
     model = load_causal_lm(arr.model.path, dtype=arr.model.dtype, attn_implementation=attn)
     if ctx.device == "cuda":
         model = model.cuda()

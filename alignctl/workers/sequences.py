@@ -13,21 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
-from alignctl.batch import Batch
+from alignctl.batch import Batch, pad_rows
 from alignctl.models.loading import position_ids_from_mask
 from alignctl.rollout.base import RolloutOutput
-
-
-def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if len(row) > width:
-            raise ValueError(f"prompt {i} has {len(row)} tokens, more than the width {width}")
-        if row:
-            ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[i, width - len(row):] = 1
-    return ids, mask
 
 
 def right_pad(tensor: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
@@ -41,7 +29,8 @@ def right_pad(tensor: torch.Tensor, width: int, value: float | int) -> torch.Ten
 def assemble(prompt_ids: Sequence[Sequence[int]], out: RolloutOutput, *, prompt_width: int,
              response_width: int, pad_id: int) -> dict[str, torch.Tensor]:
     """Tensors of the ``N = B * n`` responses; prompt ``i`` is repeated for its n samples."""
-    prompts, prompt_mask = left_pad([prompt_ids[int(i)] for i in out.prompt_index], prompt_width, pad_id)
+    prompts, prompt_mask = pad_rows([prompt_ids[int(i)] for i in out.prompt_index], pad_id, width=prompt_width,
+                                    side="left")
     responses = right_pad(out.response_ids, response_width, pad_id)
     real = right_pad(out.response_mask.long(), response_width, 0)
     attention_mask = torch.cat([prompt_mask, real], dim=1)

@@ -156,12 +156,7 @@ class Context:
     # ------------------------------------------------------------------ progress
 
     def track(self, items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-        """``items`` with a transient rich progress bar on stderr when progress is on."""
-        if not self.progress:
-            yield from items
-            return
-        from rich.console import Console
-        from rich.progress import track
+        """``items`` with the console's progress bar when progress is on (and stderr is a terminal)."""
+        from alignctl.console import track
 
-        yield from track(items, description=description, total=total, transient=True,
-                         console=Console(stderr=True))
+        yield from track(items, description, total=total, enabled=None if self.progress else False)

@@ -1,0 +1,35 @@
+"""Which device a stage runs on: the one rule behind every ``device: auto``.
+
+``auto`` means ``cuda`` when this process sees a CUDA GPU and ``cpu`` otherwise; any other name is
+kept as given. Used by the RL controller (``trainer.device``), ``alignctl plan``, eval and audit
+(``device`` / ``--device``), the SFT and RM stages and the Python API. A leaf: it imports only
+``errors`` (torch lazily), so config-level modules such as ``plan`` may use it.
+
+(Moving tensors to a worker's device and autocast live in ``workers/device.py``.)
+"""
+
+from __future__ import annotations
+
+from alignctl.errors import UserError
+
+
+def cuda_available() -> bool:
+    """Whether this process sees a CUDA GPU (torch imported on first use)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_device(name: str = "auto", *, key: str | None = None) -> str:
+    """``auto`` -> ``cuda`` if this process sees a CUDA GPU, else ``cpu``; other names unchanged.
+
+    ``key`` names the setting the value came from, for a device this very process will use (eval,
+    audit): a ``cuda`` name without CUDA here is then a one-line UserError naming it. Without
+    ``key`` the name passes unchecked: the RL controller and ``plan`` decide for workers that may
+    run on other machines of a Ray cluster, where the controller's own view of CUDA proves nothing.
+    """
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if key is not None and name.startswith("cuda") and not cuda_available():
+        raise UserError(f"{key} is {name!r} but CUDA is not available on this machine; use 'cpu' or 'auto'")
+    return name

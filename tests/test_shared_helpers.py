@@ -1,0 +1,290 @@
+"""One home per shared helper (docs/architecture.md): the attention-kernel rule, ``device: auto``,
+padding ragged rows, the progress bar, JSON-lines reading and atomic file writes. Each test pins
+the behaviour chosen where copies used to disagree; the last one keeps new copies from appearing."""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import alignctl
+from alignctl import console
+from alignctl import device as device_mod
+from alignctl.batch import pad_rows
+from alignctl.data.readers import BadRows, read_jsonl
+from alignctl.errors import UserError
+from alignctl.models import attention
+from alignctl.models.attention import SEGMENT_SDPA, resolve_attn_implementation
+from alignctl.pipeline.atomic import atomic_write_text
+
+PACKAGE = Path(alignctl.__file__).parent
+
+
+# ----------------------------------------------------------------------------- attention kernel
+
+
+@pytest.mark.parametrize(("device", "packing", "flash", "expected"), [
+    ("cuda", True, True, "flash_attention_2"),
+    ("cuda:1", True, True, "flash_attention_2"),
+    ("cuda", False, True, "sdpa"),  # the SFT/RM rule used to say flash_attention_2 here
+    ("cuda", True, False, SEGMENT_SDPA),
+    ("cpu", True, True, SEGMENT_SDPA),
+    ("cpu", False, True, "sdpa"),
+    ("cpu", False, False, "sdpa"),
+])
+def test_auto_attention_rule(monkeypatch: pytest.MonkeyPatch, device: str, packing: bool, flash: bool,
+                             expected: str) -> None:
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: flash)
+    assert resolve_attn_implementation("auto", device=device, packing=packing) == expected
+
+
+def test_named_attention_passes_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: True)
+    for name in ("eager", "sdpa", "flash_attention_2", SEGMENT_SDPA):
+        assert resolve_attn_implementation(name, device="cuda", packing=True) == name
+
+
+# --------------------------------------------------------------------------------------- device
+
+
+def test_auto_device_follows_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
+    assert device_mod.resolve_device("auto") == "cuda"
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: False)
+    assert device_mod.resolve_device() == "cpu"
+    assert device_mod.resolve_device("cpu") == "cpu"
+
+
+def test_cuda_without_cuda_checked_only_for_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: False)
+    # RL controller / plan: the workers may sit on GPU nodes of a cluster.
+    assert device_mod.resolve_device("cuda") == "cuda"
+    with pytest.raises(UserError, match=r"^--device is 'cuda:0' but CUDA is not available on this machine; use"):
+        device_mod.resolve_device("cuda:0", key="--device")
+
+
+def test_plan_and_eval_use_the_device_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignctl.config.core import build_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.plan import memory as mem
+    from alignctl.plan.estimate import plan_rl
+
+    shape = mem.ModelShape(params=1000, layers=2, hidden=4, intermediate=8, vocab=10, kv_width=2)
+    base = {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"model": {"path": "unread"}, "rollout": {"n": 2}},
+            "data": {"train_files": ["unread.parquet"]}}
+    cfg = build_config(RLConfig, base)
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: True)
+    assert plan_rl(cfg, 2**40, {"actor": shape}).device == "cuda"
+    monkeypatch.setattr(device_mod, "cuda_available", lambda: False)
+    assert plan_rl(cfg, 2**40, {"actor": shape}).device == "cpu"
+    cuda = build_config(RLConfig, {**base, "trainer": {"device": "cuda"}})
+    assert plan_rl(cuda, 2**40, {"actor": shape}).device == "cuda"  # for workers elsewhere: not refused
+
+
+# -------------------------------------------------------------------------------------- padding
+
+
+def test_pad_rows_by_hand() -> None:
+    rows = [[5, 6, 7], [8], []]
+    ids, mask = pad_rows(rows, 0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0], [0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0], [0, 0, 0]]
+    assert ids.dtype == torch.long and mask.dtype == torch.long
+
+    ids, mask = pad_rows(rows, 9, width=4, side="left")
+    assert ids.tolist() == [[9, 5, 6, 7], [9, 9, 9, 8], [9, 9, 9, 9]]
+    assert mask.tolist() == [[0, 1, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]]
+
+    logps, mask = pad_rows([[-0.5, -1.5], [-2.0]], 0.0, dtype=torch.float32)
+    assert logps.tolist() == [[-0.5, -1.5], [-2.0, 0.0]] and logps.dtype == torch.float32
+    assert mask.tolist() == [[1, 1], [1, 0]]
+
+    ids, mask = pad_rows([torch.tensor([1, 2]), (3,)], 0)  # tensors and tuples as rows
+    assert ids.tolist() == [[1, 2], [3, 0]]
+    assert pad_rows([], 0)[0].shape == (0, 0)
+
+
+def test_pad_rows_refuses_a_row_wider_than_width() -> None:
+    with pytest.raises(ValueError, match="row 1 has 3 entries, more than the width 2"):
+        pad_rows([[1], [1, 2, 3]], 0, width=2, side="left")
+    with pytest.raises(ValueError, match="pad side"):
+        pad_rows([[1]], 0, side="middle")  # type: ignore[arg-type]
+
+
+def test_rollout_output_and_batch_assembly_pad_alike() -> None:
+    from alignctl.rollout.base import RolloutOutput
+    from alignctl.workers.sequences import assemble
+
+    out = RolloutOutput.from_ragged([[5, 6], [7]], [[-0.1, -0.2], [-0.3]], ["stop", "length"], n=1,
+                                    pad_token_id=0)
+    assert out.response_ids.tolist() == [[5, 6], [7, 0]]
+    assert out.response_mask.tolist() == [[1, 1], [1, 0]]
+    assert torch.allclose(out.log_probs, torch.tensor([[-0.1, -0.2], [-0.3, 0.0]]))
+    with pytest.raises(ValueError, match="one entry per response token"):
+        RolloutOutput.from_ragged([[5, 6]], [[-0.1]], ["stop"], n=1, pad_token_id=0)
+    tensors = assemble([[1, 2], [3]], out, prompt_width=3, response_width=3, pad_id=0)
+    assert tensors["prompts"].tolist() == [[0, 1, 2], [0, 0, 3]]
+    assert tensors["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 0, 0]]
+
+
+# ---------------------------------------------------------------------------------- progress bar
+
+
+def test_one_progress_bar_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    bar = console.progress_bar()
+    assert len(bar.columns) == 4 and bar.live.transient and bar.console.stderr
+
+    made = []
+
+    def spy():
+        made.append(1)
+        return bar
+
+    monkeypatch.setattr(console, "progress_bar", spy)
+    assert list(console.track([1, 2, 3], "items", enabled=True)) == [1, 2, 3]
+    assert list(console.track([1, 2], "items", enabled=False)) == [1, 2]
+    assert made == [1]
+
+
+def test_preprocess_progress_uses_the_console_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from alignctl.config.preprocess import PreprocessConfig
+    from alignctl.data.preprocess.common import Context
+
+    made = []
+    monkeypatch.setattr(console, "progress_bar", lambda: made.append(1) or console.Progress())
+    ctx = Context(PreprocessConfig(), tmp_path, progress=True)
+    monkeypatch.setattr(console, "progress_enabled", lambda: False)  # a log file, not a terminal
+    assert list(ctx.track([1, 2], "rows")) == [1, 2] and made == []
+    monkeypatch.setattr(console, "progress_enabled", lambda: True)
+    assert list(ctx.track([1, 2], "rows")) == [1, 2] and made == [1]
+
+
+# ------------------------------------------------------------------------------------ json lines
+
+
+def test_read_jsonl_where_blank_lines_and_gzip(tmp_path: Path) -> None:
+    text = '{"a": 1}\n\n[2]\n"three"\n'
+    path = tmp_path / "x.jsonl"
+    path.write_text(text)
+    assert list(read_jsonl(path)) == [(f"{path}:1", {"a": 1}), (f"{path}:3", [2]), (f"{path}:4", "three")]
+    gz = tmp_path / "x.jsonl.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    assert [value for _, value in read_jsonl(gz)] == [{"a": 1}, [2], "three"]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert list(read_jsonl(empty)) == []
+    with pytest.raises(UserError, match="empty file"):
+        list(read_jsonl(empty, allow_empty=False))
+
+
+def test_read_jsonl_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"a": 1}\n{oops\n\xff\xfe\n{"b": 2}')
+    with pytest.raises(UserError, match=rf"^{path}:2: expected one JSON object per line, got invalid JSON"):
+        list(read_jsonl(path))
+    bad = BadRows(skip=True)
+    assert [v for _, v in read_jsonl(path, bad)] == [{"a": 1}, {"b": 2}]
+    assert dict(bad.counts) == {"invalid_json": 1, "invalid_utf8": 1}
+
+
+def test_torn_tail_only_when_the_last_line_is_unterminated(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "x"')
+    assert [v for _, v in read_jsonl(path, torn_tail=True)] == [{"step": 1}]
+    with pytest.raises(UserError, match=":2: "):
+        list(read_jsonl(path))
+    path.write_text('{"step": 1}\n{"step": 2, "x"\n')  # complete line, just wrong: reported
+    with pytest.raises(UserError, match=":2: "):
+        list(read_jsonl(path, torn_tail=True))
+
+
+def test_metrics_readers_share_the_rule(tmp_path: Path) -> None:
+    from alignctl.eval.curves import read_metrics
+    from alignctl.trainers.checkpoint import read_metric_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
+    assert [r["step"] for r in read_metric_rows(path)] == [1, 2]
+    assert read_metrics(tmp_path)["a"] == [(1.0, 1.0), (2.0, 2.0)]  # eval of a run being written
+    # A broken line in the middle is an error, not the silent end of the file (truncating on
+    # resume would then drop every later row).
+    path.write_text('{"step": 1}\n{broken\n{"step": 3}\n')
+    for read in (lambda: read_metric_rows(path), lambda: read_metrics(tmp_path)):
+        with pytest.raises(UserError, match=rf"{path}:2: expected one JSON object per line"):
+            read()
+
+
+def test_tokenizer_text_reader_names_file_and_line(tmp_path: Path) -> None:
+    from alignctl.models.tiny import iter_texts
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"text": "hello"}) + "\n{bad\n")
+    texts = iter_texts([path])
+    assert next(texts) == "hello"
+    with pytest.raises(UserError, match=rf"^{path}:2: expected one JSON object per line"):
+        next(texts)
+
+
+# ---------------------------------------------------------------------------------- atomic files
+
+
+def test_atomic_write_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "latest.txt"
+    atomic_write_text(path, "1\n")
+    atomic_write_text(path, "2\n")
+    assert path.read_text() == "2\n" and [p.name for p in tmp_path.iterdir()] == ["latest.txt"]
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("alignctl.pipeline.atomic.os.replace", fail)
+    with pytest.raises(OSError):
+        atomic_write_text(path, "3\n")
+    assert path.read_text() == "2\n" and [p.name for p in tmp_path.iterdir()] == ["latest.txt"]
+
+
+# ------------------------------------------------------------------------------- no new copies
+
+
+def _calls_and_defs() -> list[tuple[str, str, str]]:
+    """(module path, 'def'|'call'|'attr', name) for every function definition and call in alignctl."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE.parent))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((rel, "def", node.name))
+            elif isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+                found.append((rel, "call", name))
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "cuda" and node.attr == "is_available":
+                found.append((rel, "attr", "cuda.is_available"))
+    return found
+
+
+def test_each_job_is_written_once() -> None:
+    found = _calls_and_defs()
+    homes = {
+        "resolve_attn_implementation": {"alignctl/models/attention.py"},
+        "resolve_device": {"alignctl/device.py"},
+        "cuda_available": {"alignctl/device.py"},
+        "pad_rows": {"alignctl/batch.py"},
+        "left_pad": set(),
+        "read_jsonl": {"alignctl/data/readers.py"},
+        "progress_bar": {"alignctl/console.py"},
+        "atomic_write_text": {"alignctl/pipeline/atomic.py"},
+        "import_file": {"alignctl/user_code.py"},
+    }
+    for name, where in homes.items():
+        assert {rel for rel, kind, n in found if kind == "def" and n == name} == where, name
+    # torch.cuda.is_available: the device rule, plus the checkpoint RNG state (is CUDA state there to save?)
+    assert {rel for rel, kind, _ in found if kind == "attr"} <= {"alignctl/device.py", "alignctl/workers/checkpoint.py"}
+    # rich's Progress is built in one place
+    assert {rel for rel, kind, n in found if kind == "call" and n == "Progress"} == {"alignctl/console.py"}
