@@ -253,7 +253,6 @@ def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], ove
             memory_check: bool = True) -> None:
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
-    from alignctl.trainers.rl_factory import create_trainer
 
     flags = {"trainer.trust_checkpoint": True} if trust else None
     cfg = load_config(RLConfig, config, overrides, base=base, flags=flags)
@@ -262,6 +261,8 @@ def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], ove
         from alignctl.plan import check_fits
 
         check_fits(cfg)
+    from alignctl.trainers.rl_factory import create_trainer  # Ray, deepspeed: seconds; only once the checks pass
+
     result = create_trainer(cfg).fit()
     typer.echo(f"policy saved to {result.policy_dir}; metrics in {result.run_dir / 'metrics.jsonl'}")
 

@@ -203,7 +203,7 @@ OUTPUT_CASES = [
     Case("init_model_corrupt_tokenizer_data", ("init-model", "--out", "$W/m", "--tokenizer-from", "$A/digit_reward.py.parquet"),
          ("digit_reward.py.parquet", "not a readable parquet file")),
     Case("init_model_binary_jsonl", ("init-model", "--out", "$W/m", "--tokenizer-from", "$A/binary.jsonl"),
-         ("binary.jsonl:1", "not readable as UTF-8")),
+         ("binary.jsonl:1", "not valid UTF-8")),
     Case("pipeline_workdir_holds_an_input", ("run", "$A/pipe.yaml", "workdir=$A"), ("workdir", "holds the input")),
     Case("pipeline_workdir_tilde", ("run", "$A/pipe.yaml", "workdir=~"), ("workdir", "is the home folder")),
     Case("config_duplicate_key", ("sft", "--config", "$A/dup_keys.yaml"), ("dup_keys.yaml", "line 3", "duplicate key 'lr'")),
