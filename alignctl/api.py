@@ -124,9 +124,10 @@ def _rows_frame(items: list[Any], what: str) -> Any:
 
 
 def _has_ground_truth(files: list[str]) -> bool:
-    import pyarrow.parquet as pq
+    from alignctl.data.readers import parquet_columns
 
-    return all("reward_model" in pq.read_schema(f).names for f in files if Path(f).is_file())
+    return all("reward_model" in parquet_columns(f, "RL prompt rows", key="train_dataset")
+               for f in files if Path(f).is_file())
 
 
 class RLHFTrainer:

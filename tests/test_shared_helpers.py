@@ -1,6 +1,7 @@
 """One home per shared helper (docs/architecture.md): the attention-kernel rule, ``device: auto``,
-padding ragged rows, the progress bar, JSON-lines reading and atomic file writes. Each test pins
-the behaviour chosen where copies used to disagree; the last one keeps new copies from appearing."""
+padding ragged rows, the progress bar, JSON-lines and parquet reading, asking the hub, and atomic
+file writes. Each test pins the behaviour chosen where copies used to disagree; the last one keeps
+new copies from appearing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import alignctl
 from alignctl import console
 from alignctl import device as device_mod
 from alignctl.batch import pad_rows
-from alignctl.data.readers import BadRows, read_jsonl
+from alignctl.data.readers import BadRows, parquet_columns, read_jsonl, read_parquet
 from alignctl.errors import UserError
 from alignctl.models import attention
 from alignctl.models.attention import SEGMENT_SDPA, resolve_attn_implementation
@@ -230,6 +231,185 @@ def test_tokenizer_text_reader_names_file_and_line(tmp_path: Path) -> None:
         next(texts)
 
 
+# --------------------------------------------------------------------------------------- parquet
+
+
+def _frame_file(path: Path, rows: list[dict]) -> Path:
+    import pandas as pd
+
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def test_read_parquet_errors_are_one_line_and_name_the_file(tmp_path: Path) -> None:
+    import pandas as pd
+
+    good = _frame_file(tmp_path / "good.parquet", [{"prompt": "p", "data_source": "s", "n": 1}])
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(good).head(0).to_parquet(empty)
+    text = tmp_path / "notes.parquet"
+    text.write_text("not parquet\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    cases = [
+        (tmp_path / "absent.parquet", {}, "file not found; expected a parquet file of RL rows"),
+        (folder, {}, "is a folder; expected a parquet file of RL rows"),
+        (text, {}, "not a readable parquet file (ArrowInvalid: "),
+        (good, {"required": ["prompt", "answer", "reward_model.ground_truth"]},
+         "missing columns 'answer', 'reward_model.ground_truth'; expected RL rows (found: prompt, data_source, n)"),
+        (good, {"columns": ["answer"]}, "missing column 'answer'; expected RL rows"),
+        (empty, {"allow_empty": False}, "no rows; expected RL rows"),
+    ]
+    for path, kw, needle in cases:
+        with pytest.raises(UserError) as info:
+            read_parquet(path, "RL rows", key="data.train_files", **kw)
+        message = str(info.value)
+        assert message.startswith(f"data.train_files {path}: ") and needle in message, message
+        assert "\n" not in message
+    with pytest.raises(UserError, match=rf"^{text}: not a readable parquet file"):
+        parquet_columns(text)
+
+    table = read_parquet(good, required=["prompt"], columns=["n"])
+    assert table.column_names == ["n"] and table.to_pylist() == [{"n": 1}]
+    assert read_parquet(good, columns=[]).num_rows == 1  # the row count without reading a column
+    assert read_parquet(empty).num_rows == 0  # empty is allowed unless the caller says otherwise
+    assert parquet_columns(good) == ["prompt", "data_source", "n"]
+    frame = read_parquet(good).to_pandas()
+    assert frame.equals(pd.read_parquet(good))  # the DataFrame callers see what pandas would read
+
+
+def test_every_parquet_caller_uses_the_one_reader(tmp_path: Path) -> None:
+    """A file that is not parquet gets the same refusal from every reader of parquet files."""
+    from alignctl.api import _has_ground_truth
+    from alignctl.audit.runner import read_frame
+    from alignctl.data.readers import read_records
+    from alignctl.data.rl_dataset import read_prompt_files
+    from alignctl.eval.data import load_preference_pairs
+    from alignctl.models.tiny import iter_texts
+    from alignctl.preflight.context import Context
+    from alignctl.preflight.data import check_columns, check_rl_prompts
+    from alignctl.trainers.sft_common import read_parquet_files
+
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("prompt,chosen\n")
+    callers = {
+        "preprocess input": lambda: list(read_records(bad, BadRows())),
+        "RL prompts": lambda: read_prompt_files([str(bad)], "prompt"),
+        "SFT / RM data": lambda: read_parquet_files([str(bad)], "data.train_files"),
+        "tokenizer text": lambda: list(iter_texts([bad])),
+        "eval preference pairs": lambda: load_preference_pairs(bad),
+        "audit": lambda: read_frame(str(bad), "preference pairs", ("prompt",)),
+        "preflight columns": lambda: check_columns([str(bad)], "data.train_files", Context(), ["prompt"], "rows"),
+        "preflight RL prompts": lambda: check_rl_prompts([str(bad)], "data.train_files", Context(),
+                                                         prompt_key="prompt", default_scorer=False),
+        "Python API": lambda: _has_ground_truth([str(bad)]),
+    }
+    for caller, call in callers.items():
+        with pytest.raises(UserError) as info:
+            call()
+        assert f"{bad}: not a readable parquet file (ArrowInvalid: " in str(info.value), (caller, str(info.value))
+
+
+def test_parquet_callers_share_the_missing_column_and_empty_wording(tmp_path: Path) -> None:
+    from alignctl.data.rl_dataset import read_prompt_files
+    from alignctl.eval.data import load_preference_pairs
+    from alignctl.preflight.context import Context
+    from alignctl.preflight.data import check_columns
+    from alignctl.trainers.sft_common import read_parquet_files
+
+    import pandas as pd
+
+    rows = _frame_file(tmp_path / "rows.parquet", [{"prompt": "p", "data_source": "s"}])
+    for call in (lambda: read_prompt_files([str(rows)], "question"),
+                 lambda: load_preference_pairs(rows),
+                 lambda: check_columns([str(rows)], "prompts", Context(), ["prompt", "chosen"], "pairs")):
+        with pytest.raises(UserError, match=r"rows.parquet: missing columns? '(question|chosen)'"):
+            call()
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(rows).head(0).to_parquet(empty)
+    for call in (lambda: read_parquet_files([str(empty)], "data.val_files"),
+                 lambda: check_columns([str(empty)], "data.val_files", Context(), ["prompt"], "rows")):
+        with pytest.raises(UserError, match=rf"^data.val_files {empty}: no rows; expected"):
+            call()
+
+
+# ------------------------------------------------------------------------------------------- hub
+
+
+@pytest.fixture
+def refused_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Port 9 (discard) on localhost refuses connections at once: an offline hub, deterministically."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+
+def test_hub_problem_is_fast_and_says_network(refused_hub: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from alignctl.hub import hub_problem, is_network_problem
+
+    start = time.monotonic()
+    for repo_type in ("model", "dataset"):
+        why = hub_problem("someone/nothing-here", repo_type)
+        assert why is not None and is_network_problem(why), why
+    assert time.monotonic() - start < 15
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: "/cache/config.json")
+    assert hub_problem("someone/cached", cached_file="config.json") is None  # the cache answers first
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    why = hub_problem("someone/cached", cached_file="config.json")
+    assert why is not None and "offline" in why and is_network_problem(why)
+    assert not is_network_problem("the hub answered RepositoryNotFoundError")
+
+
+def test_preflight_and_gsm8k_ask_the_hub_the_same_way(refused_hub: None, monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    import datasets
+
+    from alignctl import hub
+    from alignctl.config.preprocess import PreprocessConfig
+    from alignctl.data.preprocess import gsm8k
+    from alignctl.data.preprocess.common import Context as PreprocessContext
+    from alignctl.preflight.context import Context
+    from alignctl.preflight.models import check_model
+
+    asked: list[tuple[str, str]] = []
+    real = hub.hub_problem
+
+    def spy(repo_id: str, repo_type: hub.RepoType = "model", **kw) -> str | None:
+        asked.append((repo_id, repo_type))
+        return real(repo_id, repo_type, **kw)
+
+    monkeypatch.setattr("alignctl.preflight.models.hub_problem", spy)
+    monkeypatch.setattr("alignctl.data.preprocess.gsm8k.hub_problem", spy)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    with pytest.raises(UserError, match=r"^actor someone/policy: no such local folder, and not usable as a hub "
+                                        r"model id \(the hub answered ConnectError\)"):
+        check_model("someone/policy", "actor", Context())
+    check_model("someone/policy", "actor", Context(offline_ok=True))  # a dry run offline: a note only
+    ctx = PreprocessContext(PreprocessConfig(dataset="gsm8k"), tmp_path, progress=False)
+    with pytest.raises(UserError, match=r"^gsm8k: cannot reach the dataset hub to load 'openai/gsm8k' \(offline\?\)"):
+        gsm8k._sources(ctx)
+    assert asked == [("someone/policy", "model"), ("someone/policy", "model"), ("openai/gsm8k", "dataset")]
+
+    # The hub answered "no such data set": not an offline machine, so datasets' own error is shown.
+    monkeypatch.setattr("alignctl.data.preprocess.gsm8k.hub_problem",
+                        lambda *a, **k: "the hub answered RepositoryNotFoundError")
+
+    def no_such_dataset(*args, **kwargs):
+        raise FileNotFoundError("no such data set")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_such_dataset)
+    with pytest.raises(UserError, match=r"^gsm8k: cannot load 'openai/gsm8k' \(config 'main'\) from the dataset hub"):
+        gsm8k._sources(ctx)
+
+
 # ---------------------------------------------------------------------------------- atomic files
 
 
@@ -252,7 +432,8 @@ def test_atomic_write_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def _calls_and_defs() -> list[tuple[str, str, str]]:
-    """(module path, 'def'|'call'|'attr', name) for every function definition and call in alignctl."""
+    """(module path, 'def'|'call'|'method'|'attr', name) for every function definition and call in
+    alignctl ('method': a call on a name, ``pd.read_parquet``, as well)."""
     found = []
     for path in PACKAGE.rglob("*.py"):
         rel = str(path.relative_to(PACKAGE.parent))
@@ -263,6 +444,8 @@ def _calls_and_defs() -> list[tuple[str, str, str]]:
                 fn = node.func
                 name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
                 found.append((rel, "call", name))
+                if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name):
+                    found.append((rel, "method", f"{fn.value.id}.{fn.attr}"))  # pd.read_parquet, ...
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
                     and node.value.attr == "cuda" and node.attr == "is_available":
                 found.append((rel, "attr", "cuda.is_available"))
@@ -281,9 +464,24 @@ def test_each_job_is_written_once() -> None:
         "progress_bar": {"alignctl/console.py"},
         "atomic_write_text": {"alignctl/pipeline/atomic.py"},
         "import_file": {"alignctl/user_code.py"},
+        "read_parquet": {"alignctl/data/readers.py"},
+        "parquet_columns": {"alignctl/data/readers.py"},
+        "require_columns": {"alignctl/data/readers.py"},
+        "read_parquet_file": set(),
+        "hub_problem": {"alignctl/hub.py"},
+        "is_network_problem": {"alignctl/hub.py"},
+        "_hub_reachable": set(),
+        "_network_failure": set(),
     }
     for name, where in homes.items():
         assert {rel for rel, kind, n in found if kind == "def" and n == name} == where, name
+    # Parquet files are opened by the one reader only (pyarrow's and pandas' readers, the footer).
+    for name in ("read_table", "read_schema", "ParquetFile", "read_metadata"):
+        assert {rel for rel, kind, n in found if kind == "call" and n == name} <= {"alignctl/data/readers.py"}, name
+    assert not {rel for rel, kind, n in found if kind == "method" and n in ("pd.read_parquet", "pandas.read_parquet")}
+    # The hub is asked in one place (a socket to it, its API, its cache).
+    for name in ("create_connection", "HfApi", "try_to_load_from_cache", "model_info", "dataset_info", "repo_info"):
+        assert {rel for rel, kind, n in found if kind == "call" and n == name} <= {"alignctl/hub.py"}, name
     # torch.cuda.is_available: the device rule, plus the checkpoint RNG state (is CUDA state there to save?)
     assert {rel for rel, kind, _ in found if kind == "attr"} <= {"alignctl/device.py", "alignctl/workers/checkpoint.py"}
     # rich's Progress is built in one place

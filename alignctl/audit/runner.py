@@ -72,27 +72,20 @@ def _text(messages: Messages, *, last_only: bool) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
-def read_frame(path: str, what: str, columns: tuple[str, ...]) -> Any:
+def read_frame(path: str, what: str, columns: tuple[str, ...], key: str | None = None) -> Any:
     """The parquet file as a DataFrame, refusing (one line) a missing file or a wrong kind of file."""
-    from alignctl.data.rl_dataset import read_parquet_file
+    from alignctl.data.readers import read_parquet, require_columns
 
-    file = Path(path)
-    if not file.is_file():
-        hint = " (a folder: name its .parquet file, e.g. train.parquet)" if file.is_dir() else ""
-        raise UserError(f"{path}: {what} file not found{hint}")
-    frame = read_parquet_file(file)
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        kind = " (it holds RL prompt rows; audit expects preference pairs, e.g. 'alignctl preprocess hh-rlhf' output)" \
-            if "reward_model" in frame.columns else ""
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected {' / '.join(columns)}{kind}")
-    if frame.empty:
-        raise UserError(f"{path}: no rows")
-    return frame
+    table = read_parquet(path, what, key=key, allow_empty=False)
+    kind = " (it holds RL prompt rows; audit expects preference pairs, e.g. 'alignctl preprocess hh-rlhf' output)" \
+        if "reward_model" in table.column_names else ""
+    require_columns(f"{key} {path}" if key else path, table.column_names, columns,
+                    f"{' / '.join(columns)}{kind}")
+    return table.to_pandas()
 
 
 def read_pairs(path: str) -> tuple[list[checks.PairText], list[tuple[Messages, Messages, Messages]]]:
-    frame = read_frame(path, "preference data", PAIR_COLUMNS)
+    frame = read_frame(path, "preference pairs", PAIR_COLUMNS)
     texts, convs = [], []
     for record in frame[list(PAIR_COLUMNS)].to_dict(orient="records"):
         prompt = _messages(record["prompt"], "user")
@@ -104,7 +97,7 @@ def read_pairs(path: str) -> tuple[list[checks.PairText], list[tuple[Messages, M
 
 
 def read_test_prompts(path: str) -> list[str]:
-    frame = read_frame(path, "--test", ("prompt",))
+    frame = read_frame(path, "test prompts", ("prompt",), key="--test")
     return [_text(_messages(v, "user"), last_only=False) for v in frame["prompt"]]
 
 

@@ -1,5 +1,8 @@
 """Reading raw input rows (jsonl, jsonl.gz, parquet, csv) with errors that name the file and line.
 
+Also the one JSON-lines reader (:func:`read_jsonl`) and the one parquet reader
+(:func:`read_parquet`, :func:`parquet_columns`) every other module uses.
+
 Every malformed row goes through :class:`BadRows`: without ``skip_bad_rows`` the first one raises
 ``UserError("FILE:LINE: what was expected")``; with it, the row is skipped and counted by reason,
 and the first few are kept as examples for the report. Problems with the file as a whole
@@ -11,13 +14,17 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alignctl.errors import UserError
+
+if TYPE_CHECKING:  # pyarrow is imported when a parquet file is read, not with this module
+    import pyarrow as pa
 
 # Per split, the file names looked for inside an input folder, in this order.
 SPLIT_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".csv")
@@ -128,15 +135,78 @@ def _read_jsonl(path: Path, bad: BadRows) -> Iterator[Record]:
         yield Record(where, data)
 
 
-def _read_parquet(path: Path) -> Iterator[Record]:
+# ------------------------------------------------------------------------------------- parquet
+
+
+def _parquet_where(path: str | os.PathLike[str], key: str | None) -> str:
+    return f"{key} {os.fspath(path)}" if key else os.fspath(path)
+
+
+def _open_parquet(path: str | os.PathLike[str], what: str, key: str | None) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` (footer read, no data yet), or a one-line UserError."""
     import pyarrow.parquet as pq
 
+    where = _parquet_where(path, key)
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise UserError(f"{where}: file not found; expected a parquet file of {what}")
+    if file.is_dir():
+        raise UserError(f"{where}: is a folder; expected a parquet file of {what} (name the file in it, "
+                        f"e.g. train.parquet)")
     try:
-        rows = pq.read_table(path).to_pylist()
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError subclasses for corrupt files
-        raise UserError(f"{path}: cannot read parquet file ({exc})") from None
-    if not rows:
-        raise UserError(f"{path}: empty file, expected parquet rows")
+        return pq.ParquetFile(file)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid / OSError subclasses for a bad file
+        raise UserError(f"{where}: not a readable parquet file ({_first_line(exc)}); expected {what}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def require_columns(where: str, found: Sequence[str], required: Sequence[str], what: str) -> None:
+    """UserError ``WHERE: missing column 'x'; expected WHAT (found: ...)`` when a ``required``
+    column is absent; ``a.b`` (a field of a dict column) needs the column ``a``."""
+    missing = [c for c in required if c.split(".", 1)[0] not in found]
+    if missing:
+        names = ", ".join(repr(c) for c in missing)
+        raise UserError(f"{where}: missing column{'s' if len(missing) > 1 else ''} {names}; expected {what} "
+                        f"(found: {', '.join(found) or 'none'})")
+
+
+def parquet_columns(path: str | os.PathLike[str], what: str = "rows", *, key: str | None = None) -> list[str]:
+    """The column names of a parquet file, from its footer (no data read); the errors of
+    :func:`read_parquet`."""
+    with _open_parquet(path, what, key) as file:
+        return list(file.schema_arrow.names)
+
+
+def read_parquet(path: str | os.PathLike[str], what: str = "rows", *, key: str | None = None,
+                 columns: Sequence[str] | None = None, required: Sequence[str] = (),
+                 allow_empty: bool = True) -> pa.Table:
+    """The one parquet reader: ``path`` as a ``pyarrow.Table`` (``.to_pandas()`` for a DataFrame,
+    ``.to_pylist()`` for row dicts); ``columns``: read only these (each one required).
+
+    Every problem is a one-line UserError that starts with ``[KEY ]PATH:`` (``key``: the config key
+    or option that named the file) and ends with what was expected (``what``, e.g. "RL prompt
+    rows"): the file is missing, a folder, not parquet or unreadable; a ``required`` column is
+    missing (checked against the footer, before any data is read); with ``allow_empty=False``, it
+    has no rows."""
+    where = _parquet_where(path, key)
+    with _open_parquet(path, what, key) as file:
+        require_columns(where, file.schema_arrow.names, [*required, *(c for c in columns or () if c not in required)],
+                        what)
+        try:
+            table = file.read(columns=list(columns) if columns is not None else None)
+        except Exception as exc:  # noqa: BLE001 - a corrupt data page
+            raise UserError(f"{where}: not a readable parquet file ({_first_line(exc)}); expected {what}") from None
+    if not allow_empty and table.num_rows == 0:
+        raise UserError(f"{where}: no rows; expected {what}")
+    return table
+
+
+def _read_parquet(path: Path) -> Iterator[Record]:
+    rows = read_parquet(path, "input rows", allow_empty=False).to_pylist()
     for i, row in enumerate(rows, start=1):
         yield Record(f"{path}:row {i}", row)
 

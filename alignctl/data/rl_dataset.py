@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from alignctl.batch import Batch
+from alignctl.data.readers import read_parquet
 from alignctl.errors import UserError
 from alignctl.tools.chat import render_prompt
 from alignctl.user_code import import_file
@@ -36,26 +37,9 @@ def plain_python(value: Any) -> Any:
     return value
 
 
-def read_parquet_file(path: Path) -> pd.DataFrame:
-    """``pd.read_parquet`` with a one-line UserError for an unreadable file."""
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__})") from None
-
-
 def read_prompt_files(files: list[str], prompt_key: str) -> pd.DataFrame:
-    frames = []
-    for name in files:
-        path = Path(name)
-        if not path.exists():
-            raise UserError(f"{path}: prompt file not found")
-        frame = read_parquet_file(path)
-        missing = [c for c in (prompt_key, *REQUIRED_COLUMNS) if c not in frame.columns]
-        if missing:
-            raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected RL prompt rows "
-                            f"from 'alignctl preprocess'")
-        frames.append(frame)
+    frames = [read_parquet(name, "RL prompt rows from 'alignctl preprocess'",
+                           required=(prompt_key, *REQUIRED_COLUMNS)).to_pandas() for name in files]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if frame.empty:
         raise UserError(f"{', '.join(files)}: no prompt rows")

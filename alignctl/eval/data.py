@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alignctl.data.rl_dataset import plain_python, read_parquet_file, read_prompt_files
+from alignctl.data.readers import read_parquet
+from alignctl.data.rl_dataset import plain_python, read_prompt_files
 from alignctl.errors import UserError
 
 Messages = list[dict[str, str]]
@@ -91,13 +92,8 @@ def rows_from_python(prompts: Any, prompt_key: str = "prompt", max_prompts: int 
 def load_preference_pairs(path: str | os.PathLike[str], max_pairs: int | None = None) -> list[PreferencePair]:
     """Preference rows (``prompt`` / ``chosen`` / ``rejected``; messages or strings)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: preference data file not found (key 'preference_data')")
-    frame = read_parquet_file(path)
-    missing = [c for c in ("prompt", "chosen", "rejected") if c not in frame.columns]
-    if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected preference pairs "
-                        "(prompt, chosen, rejected)")
+    frame = read_parquet(path, "preference pairs (prompt, chosen, rejected)", key="preference_data",
+                         required=("prompt", "chosen", "rejected")).to_pandas()
     if max_pairs is not None:
         frame = frame.iloc[:max_pairs]
     if frame.empty:

@@ -100,13 +100,9 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
 
 
 def _parquet_texts(path: Path) -> Iterator[str]:
-    import pyarrow.parquet as pq
+    from alignctl.data.readers import read_parquet
 
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__}); expected tokenizer "
-                        f"training data") from None
+    table = read_parquet(path, "tokenizer training data")
     for column in (c for c in PARQUET_TEXT_COLUMNS if c in table.column_names):
         for cell in table.column(column).to_pylist():
             yield from _strings(cell)

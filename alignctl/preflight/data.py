@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from alignctl.data.readers import parquet_columns, read_parquet
 from alignctl.errors import UserError
 from alignctl.preflight.context import Context
 
@@ -28,30 +29,12 @@ def check_file(name: str, key: str, ctx: Context) -> Path | None:
     return path
 
 
-def _read_table(path: Path, key: str, columns: list[str] | None = None) -> Any:
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_table(path, columns=columns)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise UserError(f"{key} {path}: not a readable parquet file ({type(exc).__name__})") from None
-
-
-def _columns(path: Path, key: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    try:
-        return list(pq.read_schema(path).names)
-    except Exception as exc:  # noqa: BLE001
-        raise UserError(f"{key} {path}: not a readable parquet file ({type(exc).__name__})") from None
-
-
 def refuse_preference_file(name: str, key: str, ctx: Context) -> None:
     """A preference file (chosen/rejected, no reward_model) where RL prompts are expected."""
     path = check_file(name, key, ctx)
     if path is None:
         return
-    columns = _columns(path, key)
+    columns = parquet_columns(name, "RL prompt rows", key=key)
     if set(PREFERENCE_COLUMNS) <= set(columns) and "reward_model" not in columns:
         raise UserError(f"{key} {name}: a preference file (chosen/rejected columns) given as RL prompts; "
                         f"expected RL prompt rows (prompt, data_source, reward_model) from 'alignctl preprocess'")
@@ -85,15 +68,10 @@ def check_rl_prompts(files: list[str], key: str, ctx: Context, *, prompt_key: st
         if path is None:
             continue
         refuse_preference_file(name, key, ctx)
-        columns = _columns(path, key)
-        missing = [c for c in (prompt_key, "data_source") if c not in columns]
-        if missing:
-            raise UserError(f"{key} {name}: missing column(s) {', '.join(missing)}; expected RL prompt rows from "
-                            f"'alignctl preprocess' (found: {', '.join(columns) or 'none'})")
+        columns = parquet_columns(name, "RL prompt rows", key=key)
         wanted = [prompt_key, "data_source"] + (["reward_model"] if "reward_model" in columns else [])
-        rows = _read_table(path, key, wanted).to_pylist()
-        if not rows:
-            raise UserError(f"{key} {name}: no rows; expected RL prompts")
+        rows = read_parquet(name, "RL prompt rows from 'alignctl preprocess'", key=key, columns=wanted,
+                            allow_empty=False).to_pylist()
         _check_rows(rows, name, prompt_key, default_scorer, "reward_model" in columns)
 
 
@@ -133,10 +111,5 @@ def check_columns(files: list[str], key: str, ctx: Context, needed: list[str], w
         path = check_file(name, key, ctx)
         if path is None:
             continue
-        columns = _columns(path, key)
-        missing = [c for c in needed if c.split(".", 1)[0] not in columns]
-        if missing:
-            raise UserError(f"{key} {name}: missing column(s) {', '.join(missing)}; expected {what} "
-                            f"(found: {', '.join(columns) or 'none'})")
-        if _read_table(path, key, [columns[0]]).num_rows == 0:
-            raise UserError(f"{key} {name}: no rows; expected {what}")
+        # No column is read: the footer has the names and the row count.
+        read_parquet(name, what, key=key, columns=[], required=needed, allow_empty=False)

@@ -9,16 +9,15 @@ a minute before saying a local folder is missing.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 from alignctl.errors import UserError
+from alignctl.hub import hub_problem, is_network_problem
 from alignctl.models.loading import TOKENIZER_FILES, looks_local
 from alignctl.preflight.context import Context
 
 Kind = Literal["causal", "reward", "critic", "tokenizer"]
-_HUB_TIMEOUT_S = 5.0
 
 
 def _architectures(folder: Path, key: str) -> list[str]:
@@ -52,25 +51,6 @@ def _check_kind(folder: Path, key: str, kind: Kind) -> None:
                         f"(an SFT, init-model or RL output)")
 
 
-def _hub_reachable(name: str) -> str | None:
-    """None when ``name`` is a model on the hub (or in its local cache); else why not."""
-    from huggingface_hub import HfApi, constants, try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return None
-    if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE") in ("1", "true", "True"):
-        return "offline mode is set and it is not in the hub cache"
-    try:
-        HfApi().model_info(name, timeout=_HUB_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 - network, 404, auth: each means "cannot use it"
-        return f"the hub answered {type(exc).__name__}"
-    return None
-
-
-def _network_failure(why: str) -> bool:
-    return any(word in why for word in ("Connect", "Timeout", "Network", "offline"))
-
-
 def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal", *,
                 needs_tokenizer: bool = False) -> None:
     """``path`` names a usable folder of ``kind`` (or a reachable hub id); UserError otherwise.
@@ -83,8 +63,8 @@ def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal",
     if not folder.exists():
         if looks_local(path):
             raise UserError(f"{key} {path}: folder does not exist; expected a Hugging Face model folder")
-        why = _hub_reachable(path)
-        if why and ctx.offline_ok and _network_failure(why):
+        why = hub_problem(path, "model", cached_file="config.json")
+        if why and ctx.offline_ok and is_network_problem(why):
             from alignctl.console import console
 
             console.print(f"[yellow]note:[/] {key} {path}: hub model not checked ({why})")

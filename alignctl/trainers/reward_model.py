@@ -41,6 +41,7 @@ REWARD_MEAN_KEY = "alignctl_reward_mean"
 REWARD_STD_KEY = "alignctl_reward_std"
 # Pairs scored for the normalisation constants when there is no held-out set.
 _STATS_SAMPLE = 512
+PAIRS = "preference pairs (prompt, chosen, rejected)"  # what data.train_files / val_files hold
 
 
 @dataclass
@@ -215,8 +216,8 @@ def run_train_rm(cfg: RewardModelConfig, *, progress: bool = True) -> RMResult:
     """Run the train-rm stage described by ``cfg``; writes ``cfg.output_dir`` atomically."""
     if not cfg.data.train_files:
         raise UserError("train-rm: key 'data.train_files' is required (one or more preference parquet files)")
-    train = common.read_parquet_files(cfg.data.train_files, "data.train_files")
-    val = common.read_parquet_files(cfg.data.val_files, "data.val_files") if cfg.data.val_files else None
+    train = common.read_parquet_files(cfg.data.train_files, "data.train_files", PAIRS)
+    val = common.read_parquet_files(cfg.data.val_files, "data.val_files", PAIRS) if cfg.data.val_files else None
     if cfg.audit:
         warn_about_pairs(cfg.data.train_files, cfg.data.val_files)
     # A full disk or read-only output_dir: one line naming it (the staging folder is removed).

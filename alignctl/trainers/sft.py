@@ -42,7 +42,7 @@ class SFTResult:
 
 def load_sft_split(files: list[str], key: str, cfg: SFTConfig, tokenizer: Any) -> datasets.Dataset:
     """Read parquet ``files`` (config key ``key``) into prompt/completion rows."""
-    raw = common.read_parquet_files(files, key)
+    raw = common.read_parquet_files(files, key, "SFT rows (prompt and response)")
     chat = cfg.data.apply_chat_template
     ds = to_prompt_completion(raw, cfg.data.prompt_key, cfg.data.response_key, chat=chat, where=", ".join(files))
     if chat and not getattr(tokenizer, "chat_template", None):

@@ -30,28 +30,17 @@ _STAGING_SUFFIX = ".staging"
 # ------------------------------------------------------------------------------------ data
 
 
-def read_parquet_files(files: Sequence[str], what: str) -> datasets.Dataset:
+def read_parquet_files(files: Sequence[str], what: str, expected: str = "rows") -> datasets.Dataset:
     """Concatenate parquet ``files`` into an in-memory ``datasets.Dataset`` (no cache files).
 
-    ``what`` names the config key in errors (e.g. ``data.train_files``)."""
+    ``what`` names the config key in errors (e.g. ``data.train_files``), ``expected`` the rows the
+    stage needs; each file is read by :func:`alignctl.data.readers.read_parquet`."""
     import datasets
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    tables = []
-    for name in files:
-        path = Path(name).expanduser()
-        if not path.exists():
-            raise UserError(f"{name}: {what} file not found")
-        if path.is_dir():
-            raise UserError(f"{name}: {what} expected a parquet file, got a folder")
-        try:
-            table = pq.read_table(path)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise UserError(f"{name}: {what} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
-        if table.num_rows == 0:
-            raise UserError(f"{name}: {what} has no rows; expected at least one")
-        tables.append(table)
+    from alignctl.data.readers import read_parquet
+
+    tables = [read_parquet(name, expected, key=what, allow_empty=False) for name in files]
     if len(tables) > 1:
         try:
             table = pa.concat_tables(tables, promote_options="default")
@@ -79,13 +68,6 @@ def as_dataset(data: Any, what: str) -> datasets.Dataset:
         return datasets.Dataset.from_list([dict(d) for d in data])
     raise UserError(f"{what}: expected a parquet path, a datasets.Dataset, a pandas DataFrame or a non-empty "
                     f"list of row dicts, got {type(data).__name__}")
-
-
-def require_columns(ds: datasets.Dataset, columns: Sequence[str], where: str) -> None:
-    missing = [c for c in columns if c not in ds.column_names]
-    if missing:
-        raise UserError(f"{where}: missing column {missing[0]!r}; expected columns {', '.join(columns)} "
-                        f"(found: {', '.join(ds.column_names) or 'none'})")
 
 
 def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:

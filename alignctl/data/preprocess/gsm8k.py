@@ -9,17 +9,15 @@ online, a ``datasets`` hub name (default ``openai/gsm8k``, config ``main``).
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from alignctl.data.preprocess.common import Context
 from alignctl.data.readers import BadRows, Record, check_fields, read_records, split_files
 from alignctl.data.schema import user
 from alignctl.errors import UserError
+from alignctl.hub import hub_problem, is_network_problem
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -46,24 +44,13 @@ def make_row(question: str, answer: str, ground_truth: str) -> dict[str, Any]:
     }
 
 
-def _hub_reachable() -> bool:
-    """Fail fast offline: the hub client otherwise retries for ~25 s before giving up."""
-    from huggingface_hub import constants
-
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((endpoint.hostname or "", port), timeout=3).close()
-    except OSError:
-        return False
-    return True
-
-
 def _hub_records(name: str, bad: BadRows, hint: str) -> dict[str, Iterator[Record]]:
     import datasets
 
-    offline = datasets.config.HF_HUB_OFFLINE  # then only a locally cached copy can work
-    if not offline and not _hub_reachable():
+    # Fail fast offline: the hub client otherwise retries for ~25 s before giving up. With
+    # HF_HUB_OFFLINE set only a locally cached copy can work: datasets says whether there is one.
+    why = None if datasets.config.HF_HUB_OFFLINE else hub_problem(name, "dataset", timeout=3)
+    if why and is_network_problem(why):
         raise UserError(f"gsm8k: cannot reach the dataset hub to load {name!r} (offline?); "
                         f"pass --input with a local folder holding train.jsonl/test.jsonl{hint}")
     try:
