@@ -53,6 +53,13 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "grpo": ("grpo", ["data", "sft"]),
         "eval": ("eval", ["data", "grpo", "sft"]),
     },
+    "smollm2_quickstart.yaml": {
+        "base_model": ("import-model", []), "data": ("preprocess", []), "judge_data": ("preprocess", []),
+        "sft": ("sft", ["base_model", "data"]), "reward_model": ("train-rm", ["data", "sft"]),
+        "judge": ("train-rm", ["data", "judge_data", "sft"]), "grpo": ("grpo", ["data", "sft"]),
+        "ppo": ("ppo", ["data", "reward_model", "sft"]), "eval_grpo": ("eval", ["data", "grpo", "judge", "sft"]),
+        "eval_ppo": ("eval", ["data", "judge", "ppo", "reward_model", "sft"]),
+    },
     "gsm8k_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
     "gsm8k_ppo.yaml": {"data": ("preprocess", []), "ppo": ("ppo", ["data"]), "eval": ("eval", ["data", "ppo"])},
     "math_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
