@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from alignctl.config.rl import RLConfig
 from alignctl.errors import UserError
-from alignctl.plan.estimate import Plan, model_shape, plan_rl, what_ifs
-from alignctl.plan.memory import ModelShape
+from alignctl.plan.estimate import Plan, model_shape, model_shapes, plan_rl, what_ifs
+
+__all__ = ["Plan", "check_fits", "make_plan", "model_shape", "model_shapes", "plan_rl"]
 
 
 def make_plan(cfg: RLConfig, device_memory: int | None = None) -> tuple[Plan, list[tuple[str, int]]]:
     """The plan of ``cfg`` and the changes that would lower its peak (each with its new peak)."""
-    shapes = _shapes(cfg)
+    shapes = model_shapes(cfg)
     result = plan_rl(cfg, device_memory, shapes)
     return result, what_ifs(cfg, result, shapes)
 
@@ -25,13 +26,3 @@ def check_fits(cfg: RLConfig, device_memory: int | None = None) -> None:
     if not result.fits:
         raise UserError(fit_error(result, changes))
 
-
-def _shapes(cfg: RLConfig) -> dict[str, ModelShape]:
-    """Each model's shape read once (the what-if plans reuse them)."""
-    arr = cfg.actor_rollout_ref
-    shapes = {"actor": model_shape(str(arr.model.path), "lm")}
-    if cfg.use_critic:
-        shapes["critic"] = model_shape(str(cfg.critic.model.path or arr.model.path), "value")
-    if cfg.reward_model.enable:
-        shapes["reward"] = model_shape(str(cfg.reward_model.model.path), "score")
-    return shapes

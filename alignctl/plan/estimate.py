@@ -58,6 +58,17 @@ def model_shape(path: str, head: str) -> mem.ModelShape:
                           intermediate=intermediate, vocab=int(text.vocab_size), kv_width=kv_heads * head_dim)
 
 
+def model_shapes(cfg: RLConfig) -> dict[str, mem.ModelShape]:
+    """The shape of every model the config uses, keyed by role (read once; what-if plans reuse it)."""
+    arr = cfg.actor_rollout_ref
+    shapes = {"actor": model_shape(str(arr.model.path), "lm")}
+    if cfg.use_critic:
+        shapes["critic"] = model_shape(str(cfg.critic.model.path or arr.model.path), "value")
+    if cfg.reward_model.enable:
+        shapes["reward"] = model_shape(str(cfg.reward_model.model.path), "score")
+    return shapes
+
+
 def sharding(strategy: str, deepspeed: Any, world: int) -> mem.Sharding:
     if strategy == "fsdp2":
         return mem.Sharding(world, params=True, grads_and_optimizer=True)
@@ -81,13 +92,7 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
     arr = cfg.actor_rollout_ref
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     device = resolve_device(cfg.trainer.device)
-    shapes = dict(shapes or {})
-    if "actor" not in shapes:
-        shapes["actor"] = model_shape(str(arr.model.path), "lm")
-    if cfg.use_critic and "critic" not in shapes:
-        shapes["critic"] = model_shape(str(cfg.critic.model.path or arr.model.path), "value")
-    if cfg.reward_model.enable and "reward" not in shapes:
-        shapes["reward"] = model_shape(str(cfg.reward_model.model.path), "score")
+    shapes = shapes or model_shapes(cfg)
     p_bytes = DTYPE_BYTES[arr.model.dtype]
     c_bytes = 2 if cfg.trainer.precision == "bf16" or p_bytes == 2 else 4
     roles = [_actor(cfg, shapes["actor"], world, p_bytes, c_bytes)]
@@ -203,24 +208,24 @@ def what_ifs(cfg: RLConfig, plan: Plan, shapes: dict[str, mem.ModelShape]) -> li
                         "actor_rollout_ref.actor.deepspeed.offload_optimizer=true",
                         "actor_rollout_ref.actor.deepspeed.offload_param=true"])
     options.append([f"trainer.n_gpus_per_node={2 * cfg.trainer.n_gpus_per_node}"])
+    current = to_dict(cfg)
     out: list[tuple[str, int]] = []
     for overrides in options:
         try:
-            changed = load_config(RLConfig, None, overrides, base=to_dict(cfg))
+            changed = load_config(RLConfig, None, overrides, base=current)
         except UserError:
             continue  # e.g. batch sizes that no longer divide the workers
         peak = plan_rl(changed, plan.device_memory, shapes).peak
         if peak < plan.peak:
-            out.append((" ".join(o for o in overrides if _differs(cfg, o)), peak))
+            out.append((" ".join(o for o in overrides if _differs(current, o)), peak))
     return sorted(out, key=lambda item: item[1])
 
 
-def _differs(cfg: RLConfig, override: str) -> bool:
-    """Whether ``key=value`` changes ``cfg`` (so a suggestion lists only what the user must add)."""
-    from alignctl.config.core import to_dict
-
+def _differs(current: dict[str, Any], override: str) -> bool:
+    """Whether ``key=value`` changes the config ``current`` (so a suggestion lists only what the
+    user must add)."""
     key, _, value = override.partition("=")
-    node: Any = to_dict(cfg)
+    node: Any = current
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return str(node).lower() != value.lower()

@@ -33,7 +33,12 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[A
     parameters and optimizer state keep their own dtype, so small updates are not rounded away."""
     if precision != "bf16":
         return contextlib.nullcontext()
-    return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+    return torch.autocast(device_type=_device_type(device), dtype=torch.bfloat16)
+
+
+def _device_type(device: str) -> str:
+    """torch.autocast's device_type of a worker device ('cuda', 'cuda:1', 'cpu')."""
+    return "cuda" if device.startswith("cuda") else "cpu"
 
 
 def float32_output_head(model: Any, device: str) -> None:
@@ -46,7 +51,7 @@ def float32_output_head(model: Any, device: str) -> None:
     if head is None or getattr(head, "_alignctl_fp32", False):
         return
     plain = head.forward
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    device_type = _device_type(device)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=device_type, enabled=False):
