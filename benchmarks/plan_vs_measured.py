@@ -48,6 +48,7 @@ def measure(cfg, micro: int, prompt: int, response: int) -> int:  # noqa: ANN001
     """Peak bytes of one actor update micro-batch with a reference copy resident."""
     from transformers import AutoModelForCausalLM
 
+    from alignctl.models.compat import enable_activation_checkpointing
     from alignctl.models.forward import compute_log_probs
     from alignctl.workers.device import autocast, float32_output_head
 
@@ -56,7 +57,7 @@ def measure(cfg, micro: int, prompt: int, response: int) -> int:  # noqa: ANN001
     model = AutoModelForCausalLM.from_pretrained(cfg.actor_rollout_ref.model.path, dtype=torch.float32).cuda()
     reference = copy.deepcopy(model).requires_grad_(False)
     if cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     if cfg.trainer.precision == "bf16":
         float32_output_head(model, "cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)

@@ -37,6 +37,7 @@ from transformers.cache_utils import Cache
 
 from alignctl.batch import pad_rows
 from alignctl.errors import UserError
+from alignctl.models.compat import cache_kwargs
 from alignctl.models.loading import position_ids_from_mask
 from alignctl.rollout.base import (
     FinishReason,
@@ -171,7 +172,7 @@ class HFRolloutEngine(RolloutEngine):
         """Run the padded prompts once; returns next-token logits [B, V]."""
         positions = position_ids_from_mask(mask)
         out = self.model(input_ids=input_ids, attention_mask=mask.long(), position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         logits_to_keep=1, **cache_kwargs(self.model, cache))
         return out.logits[:, -1]
 
     def _decode(
@@ -208,7 +209,7 @@ class HFRolloutEngine(RolloutEngine):
             # buffer replaces transformers' per-step mask construction.
             mask = state.attn[:, None, None, :kv_len] if use_4d else state.attn[:, :kv_len].long()
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=state.pos[:, None],
-                                past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                                logits_to_keep=1, **cache_kwargs(self.model, cache)).logits[:, -1]
             state.pos += 1
         return params.max_new_tokens
 

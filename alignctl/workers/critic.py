@@ -13,6 +13,7 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.errors import UserError
 from alignctl.models.attention import resolve_attn_implementation
+from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
 from alignctl.workers.checkpoint import load_training_state, save_training_state
@@ -44,7 +45,7 @@ class CriticWorker:
         if ctx.device == "cuda":
             model = model.cuda()
         if critic.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         self.model = model
         self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size, options=critic.deepspeed,
                                   key="critic.deepspeed")

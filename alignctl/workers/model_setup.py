@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from torch import nn
 from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig
 from alignctl.errors import UserError
 from alignctl.models.attention import resolve_attn_implementation
+from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
 from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
@@ -106,7 +108,11 @@ def add_lora(model: nn.Module, config: Any) -> nn.Module:
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated ``is_gradient_checkpointing`` property; the notice
+            # is meant for peft's authors and would otherwise print once from every worker.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return get_peft_model(model, config)
     except ValueError as exc:  # peft: target modules not found in the model
         raise UserError(f"actor_rollout_ref.model.target_modules={sorted(config.target_modules)}: {exc}") from exc
 
@@ -151,9 +157,7 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     if ctx.device == "cuda":
         model = model.cuda()
     if arr.model.enable_gradient_checkpointing:
-        # Non-reentrant checkpointing also works when no input of a block requires grad (LoRA: the
-        # embeddings are frozen); the reentrant variant would drop the adapters' gradients there.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
         model.config.use_cache = False
     lora = lora_config(arr.model) if arr.model.lora_rank > 0 else None
     ref = None if lora is not None else copy.deepcopy(model).eval().requires_grad_(False)
