@@ -135,15 +135,24 @@ def audit(
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Report folder (default audit/<file stem>).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit with status 1 when blocking problems exist (empty or identical pairs, exact duplicates, test leakage).")] = False,
     device: Annotated[str, typer.Option(help="Reward-model device: auto | cpu | cuda.")] = "auto",
+    kfold: Annotated[Optional[int], typer.Option("--kfold", help="Label errors out of sample: train K reward models (train-rm), each scoring the pairs it did not train on, then confident learning (cleanlab).")] = None,
+    base_model: Annotated[Optional[str], typer.Option("--base-model", help="With --kfold: the model folder each fold's reward model starts from.")] = None,
+    kfold_config: Annotated[Optional[str], typer.Option("--kfold-config", help="With --kfold: a train-rm YAML for the fold models (freeze_layers, max_steps, lr, precision, ...).")] = None,
+    seed: Annotated[int, typer.Option(help="With --kfold: seed of the fold split.")] = 0,
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Audit preference pairs: empty/identical pairs, duplicates, leakage, length bias, label errors."""
-    from alignctl.audit import AuditOptions, run_audit
+    from alignctl.audit import AuditOptions, KFoldOptions, run_audit
     from alignctl.audit.report import print_audit_report
 
+    if kfold is None and kfold_config is not None:
+        raise UserError("--kfold-config configures the fold reward models of --kfold; add --kfold K --base-model DIR")
+    if (kfold is None) != (base_model is None):
+        raise UserError("--kfold and --base-model go together (K fold reward models start from the base model)")
+    folds = None if kfold is None else KFoldOptions(kfold, str(base_model), kfold_config, seed)
     result = run_audit(AuditOptions(data=preference_data, test=test, reward_model=reward_model, tokenizer=tokenizer,
                                     max_length=max_length, out=out, overwrite=overwrite, device=device,
-                                    progress=_interactive()))
+                                    progress=_interactive(), kfold=folds))
     print_audit_report(result)
     blocking = result.blocking_problems()
     if strict and blocking:

@@ -6,11 +6,13 @@ plants known faults into the train split, runs the audit and prints recall / pre
 - 5% exact duplicates (copies of untouched rows; half with case/whitespace changes),
 - 3% chosen == rejected,
 - 2% of the test prompts copied into train (the whole test row appended),
-- 10% labels swapped (found only with --reward-model; not measured without one),
+- 10% labels swapped (found only with --reward-model RM, or out of sample with --kfold K
+  --base-model DIR [--kfold-config RM.yaml]; not measured without one of them),
 - a subset (30% by default) whose chosen reply gets filler sentences until it is 20% longer than
   the rejected one (a systematic length bias).
 
-    .venv/bin/python scripts/audit_planted.py [--reward-model RM] [--source FILE.jsonl.gz]
+    .venv/bin/python scripts/audit_planted.py [--reward-model RM | --kfold K --base-model DIR]
+        [--kfold-config RM.yaml] [--source FILE.jsonl.gz]
 
 ``plant_faults`` and ``measure`` are also used by tests/test_audit.py on small files.
 """
@@ -137,13 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="HH-RLHF jsonl(.gz) file")
     parser.add_argument("--reward-model", default=None, help="RM folder (measures label_error)")
     parser.add_argument("--tokenizer", default=None, help="model folder for token lengths")
+    parser.add_argument("--kfold", type=int, default=None, help="K fold reward models (out-of-sample label_error)")
+    parser.add_argument("--base-model", default=None, help="model folder the fold reward models start from")
+    parser.add_argument("--kfold-config", default=None, help="train-rm YAML for the fold reward models")
+    parser.add_argument("--max-pairs", type=int, default=None, help="use only the first N train pairs")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if not Path(args.source).is_file():
         print(f"{args.source}: not found", file=sys.stderr)
         return 2
     from alignctl.config.preprocess import PreprocessConfig
-    from alignctl.audit import AuditOptions, run_audit
+    from alignctl.audit import AuditOptions, KFoldOptions, run_audit
     from alignctl.audit.checks import length_bias
     from alignctl.data.preprocess import run_preprocess
 
@@ -152,18 +158,24 @@ def main(argv: list[str] | None = None) -> int:
         run_preprocess(PreprocessConfig(dataset="hh-rlhf", input=args.source, out=str(data), seed=args.seed,
                                         test_fraction=0.2), progress=False)
         train, test = pd.read_parquet(data / "train.parquet"), pd.read_parquet(data / "test.parquet")
+        if args.max_pairs is not None:
+            train = train.iloc[:args.max_pairs].reset_index(drop=True)
+        kfold = None
+        if args.kfold is not None:
+            kfold = KFoldOptions(folds=args.kfold, base_model=args.base_model or "", config=args.kfold_config,
+                                 seed=args.seed)
         frame, planted = plant_faults(train, test, seed=args.seed)
         frame.to_parquet(Path(tmp) / "planted.parquet")
         result = run_audit(AuditOptions(data=str(Path(tmp) / "planted.parquet"), test=str(data / "test.parquet"),
                                         reward_model=args.reward_model, tokenizer=args.tokenizer,
-                                        out=str(Path(tmp) / "audit")))
+                                        kfold=kfold, out=str(Path(tmp) / "audit")))
         summary, flagged = _read_outputs(Path(result.out))
     print(f"{len(train)} train pairs, {len(test)} test pairs -> planted file of {len(frame)} rows")
     print(f"{'check':16} {'planted':>8} {'flagged':>8} {'recall':>7} {'precision':>9}")
     for check, m in measure(summary, flagged, planted).items():
         print(f"{check:16} {m['planted']:8d} {m['flagged']:8d} {m['recall']:7.3f} {m['precision']:9.3f}")
-    if args.reward_model is None:
-        print("label_error      not measured (needs --reward-model)")
+    if args.reward_model is None and args.kfold is None:
+        print("label_error      not measured (needs --reward-model or --kfold)")
     before = length_bias([len(str(r[-1]['content'])) for r in train['chosen']],
                          [len(str(r[-1]['content'])) for r in train['rejected']])
     for unit, bias in summary["length_bias"].items():

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -59,6 +60,12 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "judge": ("train-rm", ["data", "judge_data", "sft"]), "grpo": ("grpo", ["data", "sft"]),
         "ppo": ("ppo", ["data", "reward_model", "sft"]), "eval_grpo": ("eval", ["data", "grpo", "judge", "sft"]),
         "eval_ppo": ("eval", ["data", "judge", "ppo", "reward_model", "sft"]),
+    },
+    "hh_smollm2.yaml": {
+        "data": ("preprocess", []), "base_model": ("import-model", []),
+        "reward_model": ("train-rm", ["base_model", "data"]), "judge": ("train-rm", ["base_model", "data"]),
+        "ppo": ("ppo", ["base_model", "data", "reward_model"]),
+        "eval": ("eval", ["base_model", "data", "judge", "ppo", "reward_model"]),
     },
     "gsm8k_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
     "gsm8k_ppo.yaml": {"data": ("preprocess", []), "ppo": ("ppo", ["data"]), "eval": ("eval", ["data", "ppo"])},
@@ -106,6 +113,8 @@ def test_pipeline_dry_run_validates(path: Path, tmp_path: Path, monkeypatch: pyt
         inputs = []
     args = [*inputs, f"workdir={tmp_path / 'work'}"]
     if path.name == "hh_rlhf_rm_ppo.yaml" and not inputs:
+        pytest.skip(f"needs the shared HH-RLHF file under {SHARED_DATA}")
+    if path.name == "hh_smollm2.yaml" and not (SHARED_DATA / "hh-rlhf-harmless").exists():
         pytest.skip(f"needs the shared HH-RLHF file under {SHARED_DATA}")
     result = run_cli("run", str(path.relative_to(REPO_ROOT)), "--dry-run", *args)
     assert result.code == 0, result.stderr
@@ -175,6 +184,26 @@ def test_rm_ppo_scores_with_the_reward_model_only():
     cfg = _rl_config("hh_rlhf_rm_ppo.yaml", "ppo")
     assert cfg.reward_model.enable and cfg.reward_model.model.path == "<reward_model>"
     assert cfg.reward_model.rule_weight == 0.0 and cfg.use_critic
+
+
+def test_hh_smollm2_judge_never_saw_what_the_policy_optimized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The PPO reward model and the judge train on disjoint halves, and the eval prompts come from
+    the judge's half, which PPO never trained on (the file's header promises this)."""
+    if not (SHARED_DATA / "hh-rlhf-harmless").exists():
+        pytest.skip(f"needs the shared HH-RLHF file under {SHARED_DATA}")
+    monkeypatch.chdir(REPO_ROOT)
+    spec = load(PIPELINES / "hh_smollm2.yaml", [f"workdir={tmp_path}"])
+    stages = spec.stages
+    assert stages["reward_model"].config["data"]["train_files"] == ["${data}/train.parquet"]
+    assert stages["judge"].config["data"]["train_files"] == ["${data}/test.parquet"]
+    assert stages["ppo"].config["data"]["train_files"] == ["${data}/train.parquet"]
+    assert stages["ppo"].config["reward_model"]["model"]["path"] == "${reward_model}"
+    assert stages["eval"].config["prompts"] == "${data}/test.parquet"
+    assert stages["eval"].config["judge_model"] == "${judge}"
+    (outcome,) = run_pipeline(spec, until="data")  # data comes first in the file: no model import here
+    halves = [pd.read_parquet(outcome.path / f"{split}.parquet") for split in ("train", "test")]
+    prompts = [{str(list(p)) for p in half["prompt"]} for half in halves]
+    assert min(len(h) for h in halves) > 1000 and not prompts[0] & prompts[1]
 
 
 def _referenced_files(spec: PipelineSpec, stage: str) -> set[str]:

@@ -188,3 +188,26 @@ def rm_accuracy(chosen_scores: np.ndarray, rejected_scores: np.ndarray, chosen_l
 def finite_or_none(value: float | None) -> float | None:
     """JSON has no NaN: a missing statistic is null."""
     return None if value is None or not math.isfinite(value) else value
+
+
+def confident_label_issues(chosen_probability: np.ndarray) -> list[int]:
+    """Rows whose label is likely wrong by confident learning (cleanlab's ``find_label_issues``,
+    ``filter_by='prune_by_noise_rate'``) on out-of-sample P(chosen is preferred).
+
+    A preference file has one label ("chosen wins"), while confident learning needs both classes to
+    set its per-class thresholds; so every pair enters twice, once as (chosen, rejected) labelled
+    "first wins" and once swapped, labelled "second wins". The two copies are mirror images, so
+    they are flagged together and the first copy's verdict is returned, ranked most suspicious first.
+    """
+    from cleanlab.filter import find_label_issues
+
+    p = np.clip(np.asarray(chosen_probability, dtype=np.float64), 1e-6, 1 - 1e-6)
+    n = len(p)
+    if n < 2:
+        return []
+    first_wins = np.stack([p, 1 - p], axis=1)
+    labels = np.concatenate([np.zeros(n, dtype=int), np.ones(n, dtype=int)])
+    probs = np.concatenate([first_wins, first_wins[:, ::-1]])
+    issues = find_label_issues(labels, probs, filter_by="prune_by_noise_rate")
+    flagged = np.flatnonzero(issues[:n])
+    return [int(i) for i in flagged[np.argsort(p[flagged], kind="stable")]]

@@ -19,6 +19,7 @@ import numpy as np
 
 from alignctl.console import track
 from alignctl.audit import checks
+from alignctl.audit.kfold import KFoldOptions
 from alignctl.audit.report import AuditResult, CheckResult
 from alignctl.errors import UserError
 
@@ -39,6 +40,7 @@ class AuditOptions:
     device: str = "auto"
     rm_batch_size: int = 16
     progress: bool = False
+    kfold: KFoldOptions | None = None
 
 
 def default_out(data: str | os.PathLike[str]) -> Path:
@@ -181,43 +183,86 @@ def length_checks(result: AuditResult, pairs: list[checks.PairText], lengths: tu
 
 def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
                  lengths: tuple[np.ndarray, ...] | None, pairs: list[checks.PairText]) -> None:
-    """RM accuracy (overall, length-matched) and likely label errors; skipped without --reward-model."""
+    """RM accuracy (overall, length-matched) and likely label errors, from one given reward model
+    (--reward-model) or from K out-of-sample fold models (--kfold); skipped without either."""
     threshold = checks.LABEL_ERROR_PROBABILITY
-    if opts.reward_model is None:
+    if opts.reward_model is None and opts.kfold is None:
         result.checks.append(CheckResult("label_error", False, f"RM P(rejected better) >= {threshold}", {},
-                                         ran=False, note="needs --reward-model"))
+                                         ran=False, note="needs --reward-model or --kfold"))
         return
-    from alignctl.device import resolve_device
-    from alignctl.eval.scoring import RewardScorer
-
     scorable = [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
                 and r[0]["content"].strip()]
-    scorer = RewardScorer(opts.reward_model, device=resolve_device(opts.device, key="--device"), dtype="float32",
-                          batch_size=opts.rm_batch_size, max_length=None, normalize=False, progress=opts.progress)
-    try:
-        chosen = scorer.score([convs[i][:2] for i in scorable], "scoring chosen")
-        rejected = scorer.score([(convs[i][0], convs[i][2]) for i in scorable], "scoring rejected")
-    finally:
-        scorer.close()
+    if opts.kfold is not None:
+        chosen, rejected, truncated = _kfold_scores(opts, convs, scorable)
+        prob = checks.rejected_probability(chosen, rejected)
+        found = checks.confident_label_issues(1.0 - prob)
+        rule = (f"confident learning (cleanlab) on out-of-sample P(rejected better) from {opts.kfold.folds} "
+                "fold reward models, each scoring pairs it did not train on")
+        source = f"{opts.kfold.folds}-fold from {opts.kfold.base_model}"
+    else:
+        chosen, rejected, truncated = _given_rm_scores(opts, convs, scorable)
+        prob = checks.rejected_probability(chosen, rejected)
+        found = checks.label_errors(chosen, rejected, threshold)
+        rule = f"RM P(rejected better) >= {threshold} (sigmoid of the score difference; a given RM, not k-fold)"
+        source = str(opts.reward_model)
     if lengths is not None:
         len_c, len_r = lengths[0][scorable], lengths[1][scorable]
     else:
         len_c = np.array([len(pairs[i].chosen) for i in scorable])
         len_r = np.array([len(pairs[i].rejected) for i in scorable])
-    result.reward_model = {"path": opts.reward_model, "scored_pairs": len(scorable), "truncated": scorer.truncated,
+    result.reward_model = {"path": source, "scored_pairs": len(scorable), "truncated": truncated,
+                           "out_of_sample": opts.kfold is not None,
                            "length_unit": "tokens" if lengths is not None else "chars",
                            **checks.rm_accuracy(chosen, rejected, len_c, len_r)}
-    prob = checks.rejected_probability(chosen, rejected)
-    flagged = {scorable[k]: f"P(rejected better) = {prob[k]:.3f}" for k in checks.label_errors(chosen, rejected, threshold)}
-    result.checks.append(CheckResult("label_error", False, f"RM P(rejected better) >= {threshold} "
-                                     "(sigmoid of the score difference; a given RM, not k-fold)", flagged))
+    flagged = {scorable[k]: f"P(rejected better) = {prob[k]:.3f}" for k in found}
+    result.checks.append(CheckResult("label_error", False, rule, flagged))
     result.scores = {scorable[k]: (float(chosen[k]), float(rejected[k])) for k in range(len(scorable))}
+
+
+def _scorer(opts: AuditOptions, path: str) -> Any:
+    from alignctl.device import resolve_device
+    from alignctl.eval.scoring import RewardScorer
+
+    return RewardScorer(path, device=resolve_device(opts.device, key="--device"), dtype="float32",
+                        batch_size=opts.rm_batch_size, max_length=None, normalize=False, progress=opts.progress)
+
+
+def _given_rm_scores(opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
+                     scorable: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
+    scorer = _scorer(opts, str(opts.reward_model))
+    try:
+        chosen = scorer.score([convs[i][:2] for i in scorable], "scoring chosen")
+        rejected = scorer.score([(convs[i][0], convs[i][2]) for i in scorable], "scoring rejected")
+    finally:
+        scorer.close()
+    return np.asarray(chosen), np.asarray(rejected), scorer.truncated
+
+
+def _kfold_scores(opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
+                  scorable: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
+    from alignctl.audit.kfold import out_of_sample_scores
+
+    assert opts.kfold is not None
+    truncated = 0
+
+    def score(model_dir: str, conversations: list[tuple[Messages, Messages]]) -> np.ndarray:
+        nonlocal truncated
+        scorer = _scorer(opts, model_dir)
+        try:
+            return np.asarray(scorer.score(conversations, "scoring a held-out fold"))
+        finally:
+            truncated += scorer.truncated
+            scorer.close()
+
+    frame = read_frame(opts.data, "preference pairs", PAIR_COLUMNS)
+    chosen, rejected, _ = out_of_sample_scores(frame, scorable, convs, opts.kfold, score)
+    return chosen, rejected, truncated
 
 
 def _load_tokenizer(opts: AuditOptions) -> Any:
     from alignctl.models.loading import load_tokenizer
 
-    source = opts.tokenizer or opts.reward_model
+    source = opts.tokenizer or opts.reward_model or (opts.kfold.base_model if opts.kfold else None)
     return None if source is None else load_tokenizer(source, padding_side="right")
 
 
@@ -229,6 +274,12 @@ def check_options(opts: AuditOptions) -> Path:
         raise UserError(f"--max-length expected a positive number of tokens, got {opts.max_length}")
     if opts.device not in ("auto", "cpu") and not opts.device.startswith("cuda"):
         raise UserError(f"--device expected auto, cpu or cuda[:N], got {opts.device!r}")
+    if opts.kfold is not None and opts.reward_model is not None:
+        raise UserError("--kfold trains its own reward models; drop --reward-model (or --kfold)")
+    if opts.kfold is not None:
+        from alignctl.audit.kfold import check_kfold_options
+
+        check_kfold_options(opts.kfold)
     inputs = [opts.data, *(p for p in (opts.test,) if p)]
     for path in inputs:
         if not Path(path).is_file():
