@@ -196,14 +196,16 @@ def test_hh_smollm2_judge_never_saw_what_the_policy_optimized(tmp_path: Path, mo
     stages = spec.stages
     assert stages["reward_model"].config["data"]["train_files"] == ["${data}/train.parquet"]
     assert stages["judge"].config["data"]["train_files"] == ["${data}/test.parquet"]
-    assert stages["ppo"].config["data"]["train_files"] == ["${data}/train.parquet"]
+    assert stages["ppo"].config["data"]["train_files"] == ["${data}/rl_train.parquet"]
     assert stages["ppo"].config["reward_model"]["model"]["path"] == "${reward_model}"
-    assert stages["eval"].config["prompts"] == "${data}/test.parquet"
+    assert stages["eval"].config["prompts"] == "${data}/rl_test.parquet"
     assert stages["eval"].config["judge_model"] == "${judge}"
     (outcome,) = run_pipeline(spec, until="data")  # data comes first in the file: no model import here
     halves = [pd.read_parquet(outcome.path / f"{split}.parquet") for split in ("train", "test")]
     prompts = [{str(list(p)) for p in half["prompt"]} for half in halves]
     assert min(len(h) for h in halves) > 1000 and not prompts[0] & prompts[1]
+    rl_halves = [pd.read_parquet(outcome.path / f"rl_{split}.parquet") for split in ("train", "test")]
+    assert [{str(list(p)) for p in half["prompt"]} for half in rl_halves] == prompts
 
 
 def _referenced_files(spec: PipelineSpec, stage: str) -> set[str]:

@@ -57,7 +57,8 @@ def test_counts_and_drops(full: tuple[PreprocessReport, pd.DataFrame], raw: list
     # (e.g. line 1255) and 4 with an empty final reply (e.g. line 517); nothing else is unsplittable.
     assert len(raw) == 2312
     assert report.dropped == {"empty_reply": 4, "prefix_mismatch": 5}
-    assert report.files == {"test.parquet": 2312 - 9} and len(df) == 2303 >= 2200
+    distinct_prompts = len({json.dumps([dict(m) for m in p], sort_keys=True) for p in df["prompt"]})
+    assert report.files == {"test.parquet": 2312 - 9, "rl_test.parquet": distinct_prompts} and len(df) == 2303
     assert report.skipped == {}
     assert set(df["data_source"]) == {"Anthropic/hh-rlhf"}
 
@@ -174,3 +175,30 @@ def test_reads_back_with_datasets(full: tuple[PreprocessReport, pd.DataFrame], s
     assert len(ds) == 50
     assert set(ds.column_names) == {"data_source", "prompt", "chosen", "rejected", "extra_info"}
     assert ds[0]["chosen"][0]["role"] == "assistant"
+
+
+def test_rl_prompt_rows_are_the_distinct_prompts_scored_by_a_model(source: Path, tmp_path: Path) -> None:
+    """rl_{split}.parquet: every distinct prompt of the split's pairs once, in first-seen order, as
+    a model-scored RL row that the PPO config check accepts as data.train_files."""
+    from alignctl.data.schema import check_row
+    from alignctl.errors import UserError
+    from alignctl.preflight.context import Context
+    from alignctl.preflight.data import refuse_preference_file
+
+    _run(tmp_path / "hh", input=str(source), test_fraction=0.5, seed=0)
+    for split in ("train", "test"):
+        pairs = pd.read_parquet(tmp_path / "hh" / f"{split}.parquet")
+        rl = pd.read_parquet(tmp_path / "hh" / f"rl_{split}.parquet")
+        firsts: dict[str, int] = {}
+        for i, p in enumerate(pairs["prompt"]):
+            firsts.setdefault(json.dumps([dict(m) for m in p], sort_keys=True), i)
+        assert [json.dumps([dict(m) for m in p], sort_keys=True) for p in rl["prompt"]] == list(firsts)
+        assert len(rl) < len(pairs) or split == "test"  # the train half repeats two prompts (seed 0)
+        for row in rl.to_dict(orient="records"):
+            row["prompt"] = [dict(m) for m in row["prompt"]]
+            check_row("rl", row)
+            assert row["reward_model"] == {"style": "model", "ground_truth": ""}
+        assert rl["extra_info"].map(lambda e: e["index"]).tolist() == list(range(len(rl)))
+    refuse_preference_file(str(tmp_path / "hh" / "rl_train.parquet"), "data.train_files", Context())
+    with pytest.raises(UserError, match="a preference file"):
+        refuse_preference_file(str(tmp_path / "hh" / "train.parquet"), "data.train_files", Context())

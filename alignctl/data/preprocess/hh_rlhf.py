@@ -1,4 +1,9 @@
-"""Anthropic HH-RLHF -> preference rows.
+"""Anthropic HH-RLHF -> preference rows, and the same prompts as RL prompt rows.
+
+``{split}.parquet`` holds the preference pairs (reward-model training, audit, eval's
+``preference_data``); ``rl_{split}.parquet`` holds each distinct prompt of that split once, as an
+RL row scored by a reward model (``reward_model.style`` ``"model"``, no ground truth), so PPO/GRPO
+can optimize against an RM trained on the same split without a second preprocess.
 
 Each source pair holds two full transcripts (``\\n\\nHuman: ...\\n\\nAssistant: ...``) that share
 the dialogue up to the last ``\\n\\nAssistant:`` and differ in the final reply. The shared part
@@ -24,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from alignctl.data.preprocess.common import Context
+from alignctl.data.preprocess.common import Context, prompt_key
 from alignctl.data.readers import Record, read_records, split_files
 from alignctl.data.schema import IDENTICAL_PAIR, Message, assistant
 
@@ -99,6 +104,24 @@ def make_row(prompt: list[Message], chosen: str, rejected: str) -> dict[str, Any
     }
 
 
+def rl_row(prompt: list[Message]) -> dict[str, Any]:
+    """An RL prompt row for a reward-model-scored prompt (nothing to check against)."""
+    return {"data_source": DATA_SOURCE, "prompt": prompt, "ability": "alignment",
+            "reward_model": {"style": "model", "ground_truth": ""}, "extra_info": {}}
+
+
+def _rl_pool(ctx: Context, split: str, rows: list[Record]) -> list[Record]:
+    """The distinct prompts of one split's pairs (first occurrence kept), as RL rows."""
+    seen: set[str] = set()
+    pool: list[Record] = []
+    for record in rows:
+        key = prompt_key(record.data)
+        if key not in seen:
+            seen.add(key)
+            ctx.emit("rl", record.where, rl_row(record.data["prompt"]), pool, split)
+    return pool
+
+
 def _check_identical_share(ctx: Context, path: str, identical: list[str], total: int) -> None:
     """Identical pairs are a known quirk of the public HH files, so a small minority is dropped
     and counted (``identical_replies``) without failing the run. Above
@@ -141,3 +164,4 @@ def build(ctx: Context) -> None:
         _read_split(ctx, str(path), split, pools.setdefault(split, []))
     for split, rows in ctx.split_pools(pools).items():
         ctx.write(f"{split}.parquet", "preference", split, rows)
+        ctx.write(f"rl_{split}.parquet", "rl", split, _rl_pool(ctx, split, rows))
