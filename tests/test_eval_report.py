@@ -10,7 +10,8 @@ import pytest
 
 from alignctl.errors import UserError
 from alignctl.eval.curves import panel_series, read_metrics, summarize
-from alignctl.eval.report import md_fence, write_report
+from alignctl.eval.report import write_report
+from alignctl.templating import md_fence
 from alignctl.eval.results import EvalResults
 from alignctl.tracking import JsonlSink
 

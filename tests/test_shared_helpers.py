@@ -486,3 +486,8 @@ def test_each_job_is_written_once() -> None:
     assert {rel for rel, kind, _ in found if kind == "attr"} <= {"alignctl/device.py", "alignctl/workers/checkpoint.py"}
     # rich's Progress is built in one place
     assert {rel for rel, kind, n in found if kind == "call" and n == "Progress"} == {"alignctl/console.py"}
+    # Report templates: one jinja environment (its loader, filters and escaping) for eval and audit
+    assert {rel for rel, kind, n in found if kind == "call" and n in ("Environment", "PackageLoader")} \
+        == {"alignctl/templating.py"}
+    for name in ("template_environment", "fmt", "pct", "md_fence"):
+        assert {rel for rel, kind, n in found if kind == "def" and n == name} == {"alignctl/templating.py"}, name

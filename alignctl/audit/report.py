@@ -1,6 +1,6 @@
 """The audit's outputs: ``summary.json``, ``flagged.jsonl``, ``report.html`` and the console table.
 
-The HTML page is rendered with the eval report's jinja environment (autoescaping on, so dataset
+The HTML page is rendered with the reports' jinja environment (alignctl.templating; autoescaping on, so dataset
 text with markup shows as text) from ``alignctl/resources/templates/audit.html.j2``, shipped in the
 package.
 """
@@ -103,7 +103,7 @@ def _snippet(text: str) -> str:
 
 def write_report(result: AuditResult, folder: str | Path) -> None:
     """Write summary.json, flagged.jsonl and report.html into ``folder``."""
-    from alignctl.eval.report import _environment
+    from alignctl.templating import template_environment
 
     folder = Path(folder)
     summary = result.summary()
@@ -112,7 +112,7 @@ def write_report(result: AuditResult, folder: str | Path) -> None:
     with (folder / "flagged.jsonl").open("w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    html = _environment(True).get_template(HTML_TEMPLATE).render(s=summary, records=records[:HTML_ROWS],
+    html = template_environment(True).get_template(HTML_TEMPLATE).render(s=summary, records=records[:HTML_ROWS],
                                                                  total_flagged=len(records))
     (folder / "report.html").write_text(html, encoding="utf-8")
 

@@ -1,8 +1,7 @@
 """The eval report: ``results.json``, ``report.md``, a self-contained ``report.html`` and PNG plots.
 
-Templates are jinja2 files shipped inside the package, in ``alignctl/resources/templates/``
-(``report.html.j2``, ``report.md.j2``), loaded through the import system so an installed wheel
-finds them wherever it lives. The HTML environment autoescapes everything, so model responses
+Templates are jinja2 files shipped inside the package (``report.html.j2``, ``report.md.j2``, read
+through :mod:`alignctl.templating`). The HTML environment autoescapes everything, so model responses
 (which may hold ``<script>`` or any markup) are shown as text; images are embedded as base64
 ``data:`` URIs and the CSS is inline, so the file opens anywhere, offline, without the plots folder.
 """
@@ -21,52 +20,10 @@ import numpy as np
 from alignctl.eval import plots
 from alignctl.eval.curves import PANELS
 from alignctl.eval.results import EvalResults
+from alignctl.templating import template_environment
 
-TEMPLATE_PACKAGE = "alignctl"
-TEMPLATE_FOLDER = "resources/templates"  # inside the package; pyproject.toml ships it as package data
 HTML_TEMPLATE = "report.html.j2"
 MD_TEMPLATE = "report.md.j2"
-
-
-def _template_loader() -> Any:
-    import jinja2
-
-    try:
-        return jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_FOLDER)
-    except ValueError as exc:  # the folder is missing: a broken install, not a user mistake
-        raise FileNotFoundError(f"report templates not found in the installed alignctl package "
-                                f"({TEMPLATE_PACKAGE}/{TEMPLATE_FOLDER}): {exc}; reinstall alignctl") from None
-
-
-def fmt(value: Any, digits: int = 3) -> str:
-    """Numbers for people: None -> an em dash, floats rounded, ints as ints."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer() and abs(value) > 100):
-        return f"{int(value):,}"
-    return f"{float(value):.{digits}f}"
-
-
-def pct(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None else f"{100 * value:.{digits}f}%"
-
-
-def md_fence(text: str) -> str:
-    """A fenced block that no run of backticks inside ``text`` can close early."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}text\n{text}\n{fence}"
-
-
-def _environment(html: bool) -> Any:
-    import jinja2
-
-    env = jinja2.Environment(loader=_template_loader(), autoescape=html,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(fmt=fmt, pct=pct, md_fence=md_fence)
-    return env
 
 
 # ----------------------------------------------------------------------------------- plots
@@ -152,5 +109,5 @@ def write_report(results: EvalResults, folder: str | Path) -> None:
     (folder / "results.json").write_text(json.dumps(results.to_dict(), indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
     context = build_context(results, images)
-    (folder / "report.md").write_text(_environment(False).get_template(MD_TEMPLATE).render(**context), encoding="utf-8")
-    (folder / "report.html").write_text(_environment(True).get_template(HTML_TEMPLATE).render(**context), encoding="utf-8")
+    (folder / "report.md").write_text(template_environment(False).get_template(MD_TEMPLATE).render(**context), encoding="utf-8")
+    (folder / "report.html").write_text(template_environment(True).get_template(HTML_TEMPLATE).render(**context), encoding="utf-8")

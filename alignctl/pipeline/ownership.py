@@ -71,9 +71,19 @@ def protected_reason(dest: Path, inputs: Iterable[str | os.PathLike[str]] = ()) 
     return None
 
 
+def _foreign(path: Path) -> bool:
+    """A non-empty folder that alignctl did not write: never written into, replaced or deleted."""
+    return path.is_dir() and not is_empty_dir(path) and not is_owned(path)
+
+
+_FOREIGN = "folder exists and was not written by alignctl; refusing to replace it (choose a new folder)"
+
+
 def check_output_dir(dest: str | os.PathLike[str], *, key: str, overwrite: bool,
                      inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
     """Refuse (UserError) an output folder that alignctl may not write; see the module rules.
+    Called before any work starts; :func:`check_replaceable` repeats the guard at the moment of
+    replacing.
 
     ``key`` names the setting in the message (``--out``, ``output_dir``, ``trainer.run_dir``)."""
     path = Path(dest).expanduser().resolve()
@@ -81,16 +91,11 @@ def check_output_dir(dest: str | os.PathLike[str], *, key: str, overwrite: bool,
     if reason:
         raise UserError(f"{key} {dest}: refusing to write there, it {reason}; choose a new folder, e.g. "
                         f"{Path(dest) / 'out'}")
-    if not path.exists():
-        return
-    if not path.is_dir():
+    if path.exists() and not path.is_dir():
         raise UserError(f"{key} {dest}: output path exists and is a file, expected a folder (or a new path)")
-    if is_empty_dir(path):
-        return
-    if not is_owned(path):
-        raise UserError(f"{key} {dest}: folder exists and was not written by alignctl; refusing to replace "
-                        f"it (choose a new folder)")
-    if not overwrite:
+    if _foreign(path):
+        raise UserError(f"{key} {dest}: {_FOREIGN}")
+    if path.is_dir() and not is_empty_dir(path) and not overwrite:
         raise UserError(f"{key} {dest}: already holds an earlier alignctl output; pass --overwrite to replace "
                         f"it, or choose a new folder")
 
@@ -100,6 +105,5 @@ def check_replaceable(dest: Path) -> None:
     reason = protected_reason(dest.resolve())
     if reason:
         raise UserError(f"{dest}: refusing to replace this folder, it {reason}")
-    if dest.is_dir() and not is_empty_dir(dest) and not is_owned(dest):
-        raise UserError(f"{dest}: folder exists and was not written by alignctl; refusing to replace it "
-                        f"(choose a new folder)")
+    if _foreign(dest):
+        raise UserError(f"{dest}: {_FOREIGN}")
