@@ -190,7 +190,7 @@ def test_cli_user_errors(arith: Path, tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_read_pairs_strings_and_blank_messages(tmp_path: Path) -> None:
     """Plain-string columns read like messages; a prompt of blank messages counts as empty."""
-    from alignctl.audit.runner import read_pairs
+    from alignctl.audit.pairs import read_pairs
 
     frame = pd.DataFrame({"prompt": ["Hi", "x"], "chosen": ["a", "b"], "rejected": ["c", "d"]})
     frame.to_parquet(tmp_path / "strings.parquet")

@@ -281,7 +281,7 @@ def test_read_parquet_errors_are_one_line_and_name_the_file(tmp_path: Path) -> N
 def test_every_parquet_caller_uses_the_one_reader(tmp_path: Path) -> None:
     """A file that is not parquet gets the same refusal from every reader of parquet files."""
     from alignctl.api import _has_ground_truth
-    from alignctl.audit.runner import read_frame
+    from alignctl.audit.pairs import read_frame
     from alignctl.data.readers import read_records
     from alignctl.data.rl_dataset import read_prompt_files
     from alignctl.eval.data import load_preference_pairs

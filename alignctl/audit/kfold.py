@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from alignctl.audit.pairs import Messages
 from alignctl.console import console
 from alignctl.errors import UserError
-
-Messages = list[dict[str, str]]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alignctl.audit import checks
-from alignctl.audit.runner import read_pairs, read_test_prompts
+from alignctl.audit.pairs import read_pairs, read_test_prompts
 
 
 @dataclass

@@ -20,11 +20,10 @@ import numpy as np
 from alignctl.console import track
 from alignctl.audit import checks
 from alignctl.audit.kfold import KFoldOptions
+from alignctl.audit.pairs import PAIR_COLUMNS, Messages, read_frame, read_pairs, read_test_prompts
 from alignctl.audit.report import AuditResult, CheckResult
 from alignctl.errors import UserError
 
-Messages = list[dict[str, str]]
-PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 DEFAULT_MAX_LENGTH = 512  # train-rm's data.max_length default
 
 
@@ -45,62 +44,6 @@ class AuditOptions:
 
 def default_out(data: str | os.PathLike[str]) -> Path:
     return Path("audit") / Path(data).stem
-
-
-# ------------------------------------------------------------------------------ reading
-
-
-def _messages(value: Any, role: str) -> Messages:
-    """Lenient: empty values become [] (the empty check reports them; nothing here refuses)."""
-    from alignctl.data.rl_dataset import plain_python
-
-    value = plain_python(value)
-    if isinstance(value, dict):
-        value = [value]
-    if isinstance(value, str):
-        return [{"role": role, "content": value}] if value.strip() else []
-    if isinstance(value, list):
-        return [{"role": str(m.get("role", role)), "content": str(m.get("content") or "")}
-                for m in value if isinstance(m, dict)]
-    return []
-
-
-def _text(messages: Messages, *, last_only: bool) -> str:
-    """The prompt as one text (every message, role-tagged) or a reply's final message."""
-    if not any(m["content"].strip() for m in messages):
-        return ""  # so that a prompt of blank messages counts as empty, not as "user:"
-    if last_only:
-        return messages[-1]["content"]
-    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-
-
-def read_frame(path: str, what: str, columns: tuple[str, ...], key: str | None = None) -> Any:
-    """The parquet file as a DataFrame, refusing (one line) a missing file or a wrong kind of file."""
-    from alignctl.data.readers import read_parquet, require_columns
-
-    table = read_parquet(path, what, key=key, allow_empty=False)
-    kind = " (it holds RL prompt rows; audit expects preference pairs, e.g. 'alignctl preprocess hh-rlhf' output)" \
-        if "reward_model" in table.column_names else ""
-    require_columns(f"{key} {path}" if key else path, table.column_names, columns,
-                    f"{' / '.join(columns)}{kind}")
-    return table.to_pandas()
-
-
-def read_pairs(path: str) -> tuple[list[checks.PairText], list[tuple[Messages, Messages, Messages]]]:
-    frame = read_frame(path, "preference pairs", PAIR_COLUMNS)
-    texts, convs = [], []
-    for record in frame[list(PAIR_COLUMNS)].to_dict(orient="records"):
-        prompt = _messages(record["prompt"], "user")
-        chosen, rejected = _messages(record["chosen"], "assistant"), _messages(record["rejected"], "assistant")
-        texts.append(checks.PairText(_text(prompt, last_only=False), _text(chosen, last_only=True),
-                                     _text(rejected, last_only=True)))
-        convs.append((prompt, chosen[-1:], rejected[-1:]))
-    return texts, convs
-
-
-def read_test_prompts(path: str) -> list[str]:
-    frame = read_frame(path, "test prompts", ("prompt",), key="--test")
-    return [_text(_messages(v, "user"), last_only=False) for v in frame["prompt"]]
 
 
 # ------------------------------------------------------------------------------ checks
