@@ -178,7 +178,7 @@ def test_hh_drops_a_small_minority_of_identical_pairs_and_counts_them(tmp_path: 
     assert result.code == 0, result.stderr
     assert "identical_replies" in result.stdout  # the report's "dropped by design" table
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["dropped"] == {"identical_replies": 2} and meta["files"] == {"train.parquet": 40}
+    assert meta["dropped"] == {"identical_replies": 2} and meta["files"] == {"train.parquet": 40, "rl_train.parquet": 40}
 
 
 def test_hh_with_many_identical_pairs_is_refused(tmp_path: Path) -> None:
