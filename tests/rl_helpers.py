@@ -6,6 +6,9 @@ import json
 import math
 from pathlib import Path
 
+import torch
+
+from alignctl.batch import Batch
 from alignctl.config import load_config
 from alignctl.config.preprocess import ArithConfig, PreprocessConfig
 from alignctl.config.rl import RLConfig
@@ -60,3 +63,25 @@ def numeric_items(row: dict[str, object]) -> dict[str, float]:
 
 def all_finite(row: dict[str, object]) -> bool:
     return all(math.isfinite(v) for v in numeric_items(row).values())
+
+
+def prompt_batch(assets: dict[str, Path], count: int = 4, *, do_sample: bool = True, first: int = 0) -> Batch:
+    """Prompts ``first .. first+count-1`` of the tiny training data as the controller sends them to
+    ``generate_sequences`` (2 samples each, seeded)."""
+    from alignctl.data.rl_dataset import RLPromptDataset, to_batch
+    from alignctl.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(assets["model"], padding_side="left")
+    data = RLPromptDataset([str(assets["data"] / "train.parquet")], tokenizer, max_prompt_length=128)
+    index = list(range(first, first + count))
+    prompts = to_batch([data[i] for i in index], index)
+    prompts.meta.update(n=2, do_sample=do_sample, temperature=1.0, top_p=1.0, top_k=-1, seed=3,
+                        prompt_width=max(len(p) for p in prompts["prompt_ids"]))
+    return prompts
+
+
+def with_advantages(batch: Batch, seed: int = 0) -> Batch:
+    """``batch`` with seeded random advantages on its response tokens (real gradients, no reward)."""
+    gen = torch.Generator().manual_seed(seed)
+    return batch.union(Batch({"advantages": torch.randn(batch["response_mask"].shape, generator=gen)
+                              * batch["response_mask"]}))

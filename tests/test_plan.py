@@ -54,6 +54,24 @@ def test_activation_logit_and_cache_formulas_hand_computed() -> None:
     assert mem.gathered_bytes(TOY, 4, mem.Sharding(4), whole=True) == 0
 
 
+def test_offload_formulas_hand_computed() -> None:
+    """fsdp2's CPUOffloadPolicy over 4 workers: weights, gradients and optimizer state all leave the
+    device (0 B resident); what a phase gathers is then the whole model or block, none of it local."""
+    from alignctl.plan.estimate import sharding
+
+    off = sharding("fsdp2", None, 4, fsdp_offload=True, on_gpu=True)
+    assert off == mem.Sharding(4, params=True, grads_and_optimizer=True, offload_params=True,
+                               offload_optimizer=True, offload_grads=True)
+    assert (mem.weights_bytes(1000, 4, off), mem.gradient_bytes(1000, 4, off), mem.optimizer_bytes(1000, 4, off)) == (0, 0, 0)
+    # Generation gathers all 1000 x 4 B (no local quarter to subtract); a training unit one block, 480 x 4 B.
+    assert mem.gathered_bytes(TOY, 4, off, whole=True) == 4000 and mem.gathered_bytes(TOY, 4, off, whole=False) == 1920
+    # A parked unsharded model (ddp reference): nothing resident, the whole model during its pass.
+    parked = mem.Sharding(1, offload_params=True)
+    assert mem.weights_bytes(1000, 4, parked) == 0 and mem.gathered_bytes(TOY, 4, parked, whole=True) == 4000
+    # On CPU workers offload moves nothing (CPU memory is the worker's memory): counted as not offloaded.
+    assert sharding("fsdp2", None, 4, fsdp_offload=True, on_gpu=False) == mem.Sharding(4, params=True, grads_and_optimizer=True)
+
+
 def test_device_peak_is_all_resident_plus_the_largest_phase() -> None:
     a = mem.RoleMemory("actor", {"weights": 60, "optimizer": 40}, {"rollout": {"kv": 50}, "update": {"act": 70}})
     b = mem.RoleMemory("critic", {"weights": 30}, {"update": {"act": 80}})
@@ -145,6 +163,72 @@ def test_plan_of_a_config_follows_its_keys(tiny: dict[str, Path]) -> None:
     assert ckpt.roles[0].phases["update"]["activations"] < actor.phases["update"]["activations"]
 
 
+def test_offload_keys_move_resident_memory_into_their_own_phase(tiny: dict[str, Path]) -> None:
+    """GPU workers (trainer.device=cuda; the plan loads nothing, so it runs here). P parameters in
+    float32 = 4P bytes; fsdp2 over 2 workers holds 2P of weights locally."""
+    from alignctl.plan import make_plan, model_shape
+
+    params = model_shape(str(tiny["model"]), "lm").params
+    gpu = ["trainer.device=cuda", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
+           "critic.strategy=fsdp2"]
+    plain, _ = make_plan(_cfg(tiny, *gpu), device_memory=2**30)
+    actor = plain.roles[0]
+    assert actor.resident == {"weights": 2 * params, "gradients": 2 * params, "optimizer": 4 * params,
+                              "reference weights": 2 * params}
+    # gathered() unshards the whole model for generation and both log-prob passes: the other half.
+    assert actor.phases["rollout"]["gathered weights"] == 2 * params
+    assert actor.phases["log-probs"]["gathered weights"] == actor.phases["ref log-probs"]["gathered weights"] == 2 * params
+    off, _ = make_plan(_cfg(tiny, *gpu, "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+                            "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+                            "critic.model.fsdp_config.offload_policy=true"), device_memory=2**30)
+    actor, critic = off.roles
+    assert actor.resident == {"weights": 0, "gradients": 0, "optimizer": 0, "reference weights": 0}
+    assert critic.resident == {"weights": 0, "gradients": 0, "optimizer": 0}
+    # Nothing local: each pass brings the whole model (4P) to the device, and only for that pass.
+    assert actor.phases["rollout"]["gathered weights"] == actor.phases["ref log-probs"]["gathered weights"] == 4 * params
+    # The actor's offload does not offload the reference, nor the other way round.
+    ref_only, _ = make_plan(_cfg(tiny, *gpu, "actor_rollout_ref.ref.fsdp_config.param_offload=true"), 2**30)
+    assert ref_only.roles[0].resident["weights"] == 2 * params and ref_only.roles[0].resident["reference weights"] == 0
+    # vLLM holds its share of the device (0.5 x 1 GiB) during rollouts, or all along when it never sleeps.
+    asleep, _ = make_plan(_cfg(tiny, "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm"), 2**30)
+    awake, _ = make_plan(_cfg(tiny, "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
+                              "actor_rollout_ref.rollout.free_cache_engine=false"), 2**30)
+    assert asleep.roles[0].phases["rollout"] == {"vllm reserve": 2**29} and "vllm reserve" not in asleep.roles[0].resident
+    assert awake.roles[0].resident["vllm reserve"] == 2**29 and awake.roles[0].phases["rollout"] == {}
+    # On CPU workers the same keys move nothing, and the plan says so.
+    cpu, _ = make_plan(_cfg(tiny, *gpu[1:], "trainer.device=cpu", "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+                            "actor_rollout_ref.ref.fsdp_config.param_offload=true"), 2**30)
+    assert cpu.roles[0].resident == plain.roles[0].resident
+
+
+def test_parked_reference_and_reward_model_count_only_in_their_pass(tiny: dict[str, Path]) -> None:
+    """ddp on one GPU: the reference (4P) and the reward model (4R) leave the resident sum and appear in
+    their own phase; the suggestions name both keys, each with a lower peak."""
+    from alignctl.plan import make_plan, model_shape
+
+    params = model_shape(str(tiny["model"]), "lm").params
+    rm_params = model_shape(str(tiny["model"]), "score").params
+    rm = ["trainer.device=cuda", "reward_model.enable=true", f"reward_model.model.path={tiny['model']}",
+          "reward_model.micro_batch_size_per_gpu=1"]  # a small scoring pass: the peak is elsewhere
+    plain, changes = make_plan(_cfg(tiny, *rm), device_memory=2**30)
+    assert plain.roles[0].resident["reference weights"] == 4 * params
+    assert plain.roles[0].phases["ref log-probs"]["gathered weights"] == 0
+    assert plain.roles[2].resident == {"weights": 4 * rm_params} and "weights" not in plain.roles[2].phases["score"]
+    suggested = dict(changes)
+    for key in ("actor_rollout_ref.ref.fsdp_config.param_offload=true", "reward_model.model.fsdp_config.param_offload=true",
+                "actor_rollout_ref.actor.fsdp_config.offload_policy=true"):
+        assert any(key in text and peak < plain.peak for text, peak in suggested.items()), (key, suggested)
+    parked, _ = make_plan(_cfg(tiny, *rm, "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+                               "reward_model.model.fsdp_config.param_offload=true"), device_memory=2**30)
+    actor, reward = parked.roles[0], parked.roles[2]
+    assert actor.resident["reference weights"] == 0 and actor.phases["ref log-probs"]["gathered weights"] == 4 * params
+    assert reward.resident == {"weights": 0} and reward.phases["score"]["weights"] == 4 * rm_params
+    assert sum(r.resident_total for r in parked.roles) == sum(r.resident_total for r in plain.roles) - 4 * (params + rm_params)
+    # CPU workers: no offload suggestion (it would move nothing).
+    _, cpu_changes = make_plan(_cfg(tiny), device_memory=2**30)
+    assert not any("offload" in text for text, _ in cpu_changes)
+
+
 def test_a_plan_that_does_not_fit_names_a_change_that_does(tiny: dict[str, Path]) -> None:
     from alignctl.errors import UserError
     from alignctl.plan import check_fits, make_plan
@@ -153,6 +237,10 @@ def test_a_plan_that_does_not_fit_names_a_change_that_does(tiny: dict[str, Path]
     budget = plan.peak - 1
     _, changes = make_plan(_cfg(tiny), device_memory=budget)
     assert changes and all(peak < plan.peak for _, peak in changes)
+    # Each suggestion is the plan of the config with exactly its overrides (once, the overrides of
+    # earlier suggestions leaked into the shared base config, and every text came out empty).
+    for text, peak in changes:
+        assert text and make_plan(_cfg(tiny, *text.split()), device_memory=budget)[0].peak == peak, text
     with pytest.raises(UserError) as info:
         check_fits(_cfg(tiny), device_memory=budget)
     message = str(info.value)

@@ -122,6 +122,11 @@ BACKENDS = {
                 "critic.optim.lr_warmup_steps=1"],
     "fsdp2-grpo": ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_kl_loss=true",
                    "actor_rollout_ref.actor.optim.lr_warmup_steps=2"],
+    # fsdp2 with CPUOffloadPolicy on the actor and the reference: the checkpoint holds CPU-offloaded
+    # shards and AdamW state and loads them back into offloaded units.
+    "fsdp2-offload-grpo": ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_kl_loss=true",
+                           "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+                           "actor_rollout_ref.ref.fsdp_config.param_offload=true"],
     "deepspeed3-grpo": ["actor_rollout_ref.actor.strategy=deepspeed", "actor_rollout_ref.actor.deepspeed.zero_stage=3",
                         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr_warmup_steps=2"],
 }

@@ -19,7 +19,7 @@ from alignctl.config.core import to_dict
 from alignctl.models.forward import compute_log_probs
 from alignctl.trainers.rl_trainer import RLTrainer
 from alignctl.workers.group import DistContext, ResourcePool, RoleSpec, WorkerGroup, init_ray
-from rl_helpers import all_finite, make_assets, read_metrics, rl_config
+from rl_helpers import all_finite, make_assets, prompt_batch, read_metrics, rl_config, with_advantages
 
 pytestmark = pytest.mark.slow
 
@@ -36,24 +36,6 @@ def ray_session():
     init_ray(None, num_cpus=4)
     yield
     ray.shutdown()
-
-
-def _prompts(assets, count: int = 4, *, do_sample: bool = True) -> Batch:
-    from alignctl.data.rl_dataset import RLPromptDataset, to_batch
-    from alignctl.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(assets["model"], padding_side="left")
-    data = RLPromptDataset([str(assets["data"] / "train.parquet")], tokenizer, max_prompt_length=128)
-    prompts = to_batch([data[i] for i in range(count)], list(range(count)))
-    prompts.meta.update(n=2, do_sample=do_sample, temperature=1.0, top_p=1.0, top_k=-1, seed=3,
-                        prompt_width=max(len(p) for p in prompts["prompt_ids"]))
-    return prompts
-
-
-def _with_advantages(batch: Batch, seed: int = 0) -> Batch:
-    gen = torch.Generator().manual_seed(seed)
-    return batch.union(Batch({"advantages": torch.randn(batch["response_mask"].shape, generator=gen)
-                              * batch["response_mask"]}))
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed
@@ -114,8 +96,8 @@ def test_one_deepspeed_update_equals_one_ddp_update(assets, tmp_path, ray_sessio
     NaN loss must stop with a clear error and leave no trace (weights, moments, schedule)."""
     ddp = _actor_group(assets, tmp_path, "ddp")
     try:
-        batch = ddp.split("actor", "generate_sequences", _prompts(assets))
-        batch = _with_advantages(batch)
+        batch = ddp.split("actor", "generate_sequences", prompt_batch(assets))
+        batch = with_advantages(batch)
         old = ddp.split("actor", "compute_log_prob", batch)["old_log_probs"]
         # Old log-probs shifted against the advantages so that PPO clipping is active.
         train = batch.union(Batch({"old_log_probs": old - 0.5 * batch["advantages"]}))
@@ -191,9 +173,9 @@ def lora_run(assets, tmp_path_factory):
     lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
     metrics = []
     for step in range(2):
-        batch = worker.generate_sequences(_prompts(assets))
+        batch = worker.generate_sequences(prompt_batch(assets))
         batch = batch.union(worker.compute_ref_log_prob(batch))
-        metrics.append(worker.update_actor(_with_advantages(batch, seed=step)))
+        metrics.append(worker.update_actor(with_advantages(batch, seed=step)))
     worker.save(str(tmp / "export"))
     return {"worker": worker, "base_before": base_before, "lora_before": lora_before, "metrics": metrics,
             "export": tmp / "export", "tmp": tmp}
@@ -231,7 +213,7 @@ def test_lora_reference_log_probs_are_the_base_model_and_rollout_uses_adapters(a
     from transformers import AutoModelForCausalLM
 
     worker = lora_run["worker"]
-    batch = worker.generate_sequences(_prompts(assets, do_sample=False))
+    batch = worker.generate_sequences(prompt_batch(assets, do_sample=False))
     ref = worker.compute_ref_log_prob(batch)["ref_log_prob"]
     policy = worker.compute_log_prob(batch)["old_log_probs"]
     base = AutoModelForCausalLM.from_pretrained(assets["model"]).eval()

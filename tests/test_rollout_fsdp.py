@@ -8,32 +8,11 @@ parameters sharded afterwards, keep training mode, and still train (forward + ba
 from __future__ import annotations
 
 import copy
-import os
-import socket
-import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = _check(rank)
-        dist.barrier()  # both ranks leave together
-    finally:
-        dist.destroy_process_group()
-    # Written after the group is gone: a result file means the check and the teardown both finished.
-    (Path(out_dir) / f"rank{rank}.txt").write_text(result)
+from spawn_helpers import run_ranks
 
 
 def _check(rank: int) -> str:
@@ -65,25 +44,7 @@ def _check(rank: int) -> str:
 
 
 def test_fsdp2_sharded_module_generates_like_unsharded(tmp_path: Path) -> None:
-    # Two CI runs saw rank 0 die by SIGABRT ("terminate called without an active exception"), which
-    # never reproduced alone or under load. The result files are written only after the process group
-    # is destroyed, so an abort in the interpreter's exit (C++ static teardown of gloo threads) is told
-    # apart from a failure of the check: the first is reported, the second fails the test.
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(rank, 2, port, str(tmp_path))) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=300)
-    for proc in procs:  # a rank stuck waiting for a dead peer
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    results = {rank: (tmp_path / f"rank{rank}.txt") for rank in range(2)}
-    missing = [rank for rank, path in results.items() if not path.exists()]
-    assert not missing, f"ranks {missing} did not finish; exit codes {[p.exitcode for p in procs]}"
-    for rank, path in results.items():
-        assert path.read_text() == "same=True sharded=True grads=True training=True", rank
-    if any(proc.exitcode != 0 for proc in procs):
-        warnings.warn(f"a rank aborted after finishing its check (exit codes {[p.exitcode for p in procs]})")
+    # Two CI runs saw rank 0 die by SIGABRT after its check ("terminate called without an active
+    # exception"), which never reproduced alone or under load: run_ranks reports that apart.
+    for rank, result in enumerate(run_ranks(_check, 2, tmp_path)):
+        assert result == "same=True sharded=True grads=True training=True", rank

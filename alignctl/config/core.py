@@ -191,6 +191,9 @@ def _coerce(value: Any, tp: Any, key: str, origin: _Origin) -> Any:
     if kind is dict or tp is dict:
         if not isinstance(value, dict):
             raise bad
+        item_tp = (typing.get_args(tp) or (Any, Any))[-1]
+        if dataclasses.is_dataclass(item_tp):  # named sections, e.g. trainer.pools.<name>.*
+            return {str(k): _build(item_tp, v, f"{key}.{k}", origin) for k, v in value.items()}
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
@@ -322,6 +325,8 @@ def merge_dicts(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     for key, value in other.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge_dicts(out[key], value)
+        elif isinstance(value, dict):  # copied too: overrides are set into the result in place
+            out[key] = merge_dicts({}, value)
         else:
             out[key] = value
     return out
@@ -347,6 +352,11 @@ def iter_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, str, An
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             yield from iter_keys(tp, dotted)
+            continue
+        item_tp = (typing.get_args(tp) or (Any, Any))[-1] if typing.get_origin(tp) is dict else None
+        if item_tp is not None and dataclasses.is_dataclass(item_tp):  # named sections: one row, then its keys
+            yield dotted, f"mapping of name -> {item_tp.__name__}", f.default_factory(), f.metadata.get("help", "")
+            yield from iter_keys(item_tp, f"{dotted}.<name>")
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default

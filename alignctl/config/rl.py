@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignctl.config.core import field, section
+from alignctl.config.placement import DEFAULT_POOL, PlacementConfig, PoolConfig, check_placement, pool_key, pool_shapes
 from alignctl.errors import UserError
 from alignctl.plugins import load_plugins, where_plugins_come_from
 
@@ -95,6 +96,22 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class FSDPConfig:
+    offload_policy: bool = field(False, help="strategy=fsdp2 only: torch's CPUOffloadPolicy. Parameter shards, their "
+                                             "gradients and the optimizer state live in CPU memory; each block's "
+                                             "shards are copied to the device for its forward and backward, and the "
+                                             "optimizer steps on the CPU. Frees GPU memory for slower steps; moves "
+                                             "nothing on CPU workers (verl's key).")
+
+
+@dataclass
+class FrozenOffloadConfig:
+    param_offload: bool = field(False, help="Keep this frozen model's weights in CPU memory and put them on the "
+                                            "worker's device only for its own pass (verl's key). Frees GPU memory "
+                                            "between passes for a host-to-device copy per pass; a no-op on CPU workers.")
+
+
+@dataclass
 class ActorConfig:
     strategy: str = field("ddp", help="Training backend.", choices=STRATEGIES)
     ppo_mini_batch_size: int = field(16, ge=1, help="Prompts per optimizer step (x rollout.n responses).")
@@ -119,11 +136,14 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, help="Policy loss selection.")
     optim: OptimConfig = section(OptimConfig, help="Optimizer of the actor.")
     deepspeed: DeepSpeedConfig = section(DeepSpeedConfig, help="ZeRO options when strategy=deepspeed.")
+    fsdp_config: FSDPConfig = section(FSDPConfig, help="FSDP2 options when strategy=fsdp2.")
 
 
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per reference forward (default: all).")
+    fsdp_config: FrozenOffloadConfig = section(FrozenOffloadConfig, help="Offload of the reference weights (full "
+                                                                         "fine-tuning; under LoRA there are none).")
 
 
 @dataclass
@@ -165,6 +185,10 @@ class RolloutConfig:
     gpu_memory_utilization: float = field(0.5, gt=0, le=1, help="vllm: fraction of GPU memory for weights + KV cache.")
     tensor_model_parallel_size: int = field(1, ge=1, help="vllm: tensor-parallel degree.")
     enforce_eager: bool = field(True, help="vllm: disable CUDA graphs.")
+    free_cache_engine: bool = field(True, help="Free the rollout's memory after every generation: hf drops its KV "
+                                               "cache and, on CUDA, returns the cached blocks to the driver "
+                                               "(torch.cuda.empty_cache); vllm sleeps (weights to CPU, KV cache "
+                                               "dropped) and wakes for the next rollout. false keeps vllm awake.")
     val_kwargs: ValKwargs = section(ValKwargs, help="Sampling during validation.")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, help="Tool-using multi-turn rollouts.")
 
@@ -184,6 +208,7 @@ class CriticModelConfig:
     share_prompt: bool = field(True, help="Compute each distinct prompt once per packed row in value forwards "
                                           "(see actor_rollout_ref.model.share_prompt).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward.")
+    fsdp_config: FSDPConfig = section(FSDPConfig, help="FSDP2 options when critic.strategy=fsdp2.")
 
 
 @dataclass
@@ -206,6 +231,8 @@ class CriticConfig:
 class RewardModelSection:
     path: str | None = field(None, help="Reward model folder (train-rm artifact or any sequence classifier).")
     input_tokenizer: str | None = field(None, help="Tokenizer of the policy when it differs (re-tokenize).")
+    fsdp_config: FrozenOffloadConfig = section(FrozenOffloadConfig, help="Offload of the reward model's weights "
+                                                                         "between scoring passes.")
 
 
 @dataclass
@@ -324,7 +351,17 @@ class TrainerConfig:
     critic_warmup: int = field(0, ge=0, help="Steps that train only the critic.")
     balance_batch: bool = field(True, help="Reorder each batch so workers get equal token counts.")
     seed: int = field(1, help="Seed of model init, sampling and shuffles.")
-    ray_address: str | None = field(None, help="Ray cluster address (default: start a local one).")
+    ray_address: str | None = field(None, help="Ray cluster to join (HOST:PORT of its head, or auto); default: "
+                                               "the RAY_ADDRESS environment variable, else a private local cluster.")
+    pools: dict[str, PoolConfig] = field(default_factory=dict, help="Named resource pools, each its own Ray placement "
+                                                                  "group and torch.distributed group, e.g. {critic_pool: "
+                                                                  "{workers_per_node: 1}}. '" + DEFAULT_POOL + "' (nnodes x "
+                                                                  "n_gpus_per_node workers) exists without being defined; "
+                                                                  "defining it changes its shape (docs/gpu_and_cluster.md).")
+    placement: PlacementConfig = section(PlacementConfig, help="Which pool each role runs on.")
+    concurrent_roles: bool = field(True, help="Roles on different pools run at the same time where the dataflow "
+                                              "allows (critic values with the log-probs, the critic update with the "
+                                              "actor update); false runs them phase by phase (for measuring).")
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -369,6 +406,31 @@ class RLConfig:
     def use_critic(self) -> bool:
         return self.algorithm.adv_estimator in CRITIC_ESTIMATORS
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The worker roles this run uses (each placed on a pool by trainer.placement)."""
+        return ("actor", *(("critic",) if self.use_critic else ()), *(("rm",) if self.reward_model.enable else ()))
+
+    def world_size(self, role: str) -> int:
+        """Workers of the pool that holds ``role``: the ranks its batches are split over."""
+        return pool_shapes(self.trainer, (role,))[getattr(self.trainer.placement, role)].world_size
+
+    def _workers_of(self, role: str) -> str:
+        """'workers' for the one default pool (as always), else the role's pool and its key."""
+        if not self.trainer.pools:
+            return "workers"
+        return f"{role} workers in {pool_key(self.trainer, role)}"
+
+    def _check_rm_batches(self) -> None:
+        """The reward model scores each step's responses (and ReMax's greedy ones, one per prompt)
+        split evenly over its pool."""
+        if not self.reward_model.enable:
+            return
+        world = self.world_size("rm")
+        if self.data.train_batch_size % world:
+            raise UserError(f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by the number "
+                            f"of {self._workers_of('rm')} ({world})")
+
     def validate(self) -> None:
         actor = self.actor_rollout_ref.actor
         n = self.actor_rollout_ref.rollout.n
@@ -381,17 +443,18 @@ class RLConfig:
         if self.data.train_batch_size % actor.ppo_mini_batch_size:
             raise UserError(f"key 'actor_rollout_ref.actor.ppo_mini_batch_size' ({actor.ppo_mini_batch_size}) "
                             f"must divide data.train_batch_size ({self.data.train_batch_size})")
-        world = self.trainer.nnodes * self.trainer.n_gpus_per_node
+        check_placement(self.trainer)
+        world = self.world_size("actor")
         if self.data.train_batch_size % world:
             raise UserError(f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by the number of "
-                            f"workers ({world}): each worker generates for an equal share of the prompts")
+                            f"{self._workers_of('actor')} ({world}): each worker generates for an equal share of the prompts")
         self._check_registries()
         if self.trainer.max_ckpt_to_keep is not None and self.trainer.max_ckpt_to_keep < 1:
             raise UserError(f"key 'trainer.max_ckpt_to_keep' must be at least 1 or null (keep all), "
                             f"got {self.trainer.max_ckpt_to_keep}")
         if (actor.ppo_mini_batch_size * n) % world:
             raise UserError(f"ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size * n}) must be "
-                            f"divisible by the number of workers ({world})")
+                            f"divisible by the number of {self._workers_of('actor')} ({world})")
         micro = actor.ppo_micro_batch_size_per_gpu
         if micro is not None and not actor.use_dynamic_bsz and (actor.ppo_mini_batch_size * n // world) % micro:
             raise UserError(f"key 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu' ({micro}) must divide "
@@ -403,9 +466,11 @@ class RLConfig:
         unknown = [x for x in self.trainer.logger if x not in LOGGERS]
         if unknown:
             raise UserError(f"key 'trainer.logger': unknown logger(s) {unknown}; expected any of {', '.join(LOGGERS)}")
-        self._check_critic_batches(world)
+        self._check_critic_batches(self.world_size("critic"))
+        self._check_rm_batches()
         self._check_sampling()
         self._check_multi_turn()
+        self._check_offload()
         for key in ("test_freq", "save_freq"):
             if getattr(self.trainer, key) == 0:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
@@ -425,11 +490,27 @@ class RLConfig:
                             f"({self.data.train_batch_size})")
         if (mini * n) % world:
             raise UserError(f"critic.ppo_mini_batch_size x rollout.n ({mini * n}) must be divisible by the number "
-                            f"of workers ({world})")
+                            f"of {self._workers_of('critic')} ({world})")
         micro = critic.ppo_micro_batch_size_per_gpu
         if micro is not None and not critic.use_dynamic_bsz and (mini * n // world) % micro:
             raise UserError(f"key 'critic.ppo_micro_batch_size_per_gpu' ({micro}) must divide the per-worker "
                             f"critic mini-batch ({mini * n // world} responses)")
+
+    def _check_offload(self) -> None:
+        """FSDP2's CPUOffloadPolicy exists only for fsdp2 (deepspeed has its own keys); LoRA keeps no
+        separate reference weights to offload."""
+        arr = self.actor_rollout_ref
+        roles = [("actor_rollout_ref.actor", arr.actor.strategy, arr.actor.fsdp_config, "fsdp_config")]
+        if self.use_critic:
+            roles.append(("critic", self.critic.strategy, self.critic.model.fsdp_config, "model.fsdp_config"))
+        for key, strategy, fsdp, where in roles:
+            if fsdp.offload_policy and strategy != "fsdp2":
+                hint = f"; with deepspeed use {key}.deepspeed.offload_optimizer / offload_param" if strategy == "deepspeed" else ""
+                raise UserError(f"key '{key}.{where}.offload_policy' needs {key}.strategy=fsdp2 (FSDP2's "
+                                f"CPUOffloadPolicy), got strategy={strategy}{hint}")
+        if arr.ref.fsdp_config.param_offload and arr.model.lora_rank > 0:
+            raise UserError("key 'actor_rollout_ref.ref.fsdp_config.param_offload' has nothing to offload with "
+                            "model.lora_rank > 0: the reference is the policy with its adapters off, no second copy")
 
     def _check_multi_turn(self) -> None:
         mt = self.actor_rollout_ref.rollout.multi_turn

@@ -69,15 +69,30 @@ def model_shapes(cfg: RLConfig) -> dict[str, mem.ModelShape]:
     return shapes
 
 
-def sharding(strategy: str, deepspeed: Any, world: int) -> mem.Sharding:
+def sharding(strategy: str, deepspeed: Any, world: int, *, fsdp_offload: bool = False, on_gpu: bool = True) -> mem.Sharding:
+    """How a trained role's state is split and offloaded. Offload moves state from the device to
+    CPU memory, which on a CPU worker is the same memory: it counts only when ``on_gpu``."""
     if strategy == "fsdp2":
-        return mem.Sharding(world, params=True, grads_and_optimizer=True)
+        off = fsdp_offload and on_gpu  # CPUOffloadPolicy: shards, their gradients, the optimizer state
+        return mem.Sharding(world, params=True, grads_and_optimizer=True, offload_params=off,
+                            offload_optimizer=off, offload_grads=off)
     if strategy == "deepspeed":
         zero3 = deepspeed.zero_stage == 3
         return mem.Sharding(world, params=zero3, grads_and_optimizer=True, deepspeed_optimizer=True,
-                            offload_params=zero3 and deepspeed.offload_param,
-                            offload_optimizer=deepspeed.offload_optimizer)
+                            offload_params=zero3 and deepspeed.offload_param and on_gpu,
+                            offload_optimizer=deepspeed.offload_optimizer and on_gpu)
     return mem.Sharding(world)
+
+
+def reference_sharding(cfg: RLConfig, world: int, on_gpu: bool) -> mem.Sharding:
+    """The frozen reference copy: sharded like the actor (fsdp2, ZeRO-3, which also takes the
+    actor's ZeRO-3 offload_param), held whole otherwise; ``ref.fsdp_config.param_offload`` keeps it
+    in CPU memory between reference passes (workers/model_setup.py:_reference_engine)."""
+    actor = cfg.actor_rollout_ref.actor
+    offload = cfg.actor_rollout_ref.ref.fsdp_config.param_offload and on_gpu
+    sharded = actor.strategy == "fsdp2" or (actor.strategy == "deepspeed" and actor.deepspeed.zero_stage == 3)
+    zero3_offload = actor.strategy == "deepspeed" and actor.deepspeed.offload_param and on_gpu
+    return mem.Sharding(world, params=sharded, offload_params=offload or (sharded and zero3_offload))
 
 
 def training_tokens(micro: int | None, dynamic: bool, budget: int, local_rows: int, length: int) -> int:
@@ -102,8 +117,13 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
         roles.append(_reward(cfg, shapes["reward"], world, p_bytes, c_bytes))
     available = device_memory if device_memory is not None else detect_device_memory(device, cfg.trainer.n_gpus_per_node)
     if arr.rollout.name == "vllm" and available is not None:
-        # vLLM takes its fraction of the device for weights and KV cache while it generates.
-        roles[0].phases["rollout"] = {"vllm reserve": int(arr.rollout.gpu_memory_utilization * available)}
+        # vLLM takes its fraction of the device for weights and KV cache while it generates, and keeps
+        # it between rollouts unless it sleeps (free_cache_engine).
+        reserve = {"vllm reserve": int(arr.rollout.gpu_memory_utilization * available)}
+        if arr.rollout.free_cache_engine:
+            roles[0].phases["rollout"] = reserve
+        else:
+            roles[0].phases["rollout"], roles[0].resident = {}, {**roles[0].resident, **reserve}
     peak, phase = mem.device_peak(roles)
     return Plan(roles, peak, phase, available, device, world)
 
@@ -111,7 +131,8 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
 def _actor(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> mem.RoleMemory:
     arr = cfg.actor_rollout_ref
     actor = arr.actor
-    s = sharding(actor.strategy, actor.deepspeed, world)
+    on_gpu = resolve_device(cfg.trainer.device) == "cuda"
+    s = sharding(actor.strategy, actor.deepspeed, world, fsdp_offload=actor.fsdp_config.offload_policy, on_gpu=on_gpu)
     n = arr.rollout.n
     length = cfg.data.max_prompt_length + cfg.data.max_response_length
     rows = cfg.data.train_batch_size * n // world
@@ -126,7 +147,7 @@ def _actor(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> 
                      "gradients": mem.gradient_bytes(trained, p, s),
                      "optimizer": mem.optimizer_bytes(trained, p, s)}
     if not lora:
-        role.resident["reference weights"] = mem.weights_bytes(shape.params, p, s)
+        role.resident["reference weights"] = mem.weights_bytes(shape.params, p, reference_sharding(cfg, world, on_gpu))
     role.phases["rollout"] = {
         "kv cache": mem.kv_cache_bytes(shape, rows, length, c),
         "gathered weights": mem.gathered_bytes(shape, p, s, whole=True),
@@ -136,17 +157,28 @@ def _actor(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> 
         "logits": mem.logits_bytes(shape.vocab, int(train_tokens * response_share), c, training=True),
         "gathered block": mem.gathered_bytes(shape, p, s, whole=False),
         "autocast weight copies": mem.autocast_copy_bytes(shape.params, p, c)}
-    log_rows = arr.rollout.log_prob_micro_batch_size_per_gpu or rows
-    role.phases["log-probs"] = {
-        "forward": mem.forward_bytes(shape, log_rows * length, c),
-        "logits": mem.logits_bytes(shape.vocab, log_rows * cfg.data.max_response_length, c, training=False),
-        "gathered block": mem.gathered_bytes(shape, p, s, whole=False)}
+    role.phases["log-probs"] = _log_prob_phase(cfg, shape, arr.rollout.log_prob_micro_batch_size_per_gpu or rows,
+                                               mem.gathered_bytes(shape, p, s, whole=True), c)
+    if not lora:  # under LoRA the reference pass is the log-probs pass with the adapters off
+        ref_rows = arr.ref.log_prob_micro_batch_size_per_gpu or rows
+        ref_weights = mem.gathered_bytes(shape, p, reference_sharding(cfg, world, on_gpu), whole=True)
+        role.phases["ref log-probs"] = _log_prob_phase(cfg, shape, ref_rows, ref_weights, c)
     return role
+
+
+def _log_prob_phase(cfg: RLConfig, shape: mem.ModelShape, rows: int, gathered: int, c: int) -> dict[str, int]:
+    """A no-grad log-prob pass over ``rows`` responses. ``gathered()`` puts the whole model on the
+    device for it (all shards gathered; an offloaded model brought in whole): ``gathered`` bytes."""
+    length = cfg.data.max_prompt_length + cfg.data.max_response_length
+    return {"forward": mem.forward_bytes(shape, rows * length, c),
+            "logits": mem.logits_bytes(shape.vocab, rows * cfg.data.max_response_length, c, training=False),
+            "gathered weights": gathered}
 
 
 def _critic(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> mem.RoleMemory:
     critic = cfg.critic
-    s = sharding(critic.strategy, critic.deepspeed, world)
+    s = sharding(critic.strategy, critic.deepspeed, world, fsdp_offload=critic.model.fsdp_config.offload_policy,
+                 on_gpu=resolve_device(cfg.trainer.device) == "cuda")
     n = cfg.actor_rollout_ref.rollout.n
     length = cfg.data.max_prompt_length + cfg.data.max_response_length
     mini = critic.ppo_mini_batch_size or cfg.actor_rollout_ref.actor.ppo_mini_batch_size
@@ -167,8 +199,15 @@ def _reward(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) ->
     rows = cfg.reward_model.micro_batch_size_per_gpu or 64
     length = cfg.data.max_prompt_length + cfg.data.max_response_length
     role = mem.RoleMemory("reward")
-    role.resident = {"weights": shape.params * p}  # replicated on every worker
+    weights = shape.params * p  # replicated on every worker
     role.phases["score"] = {"forward": mem.forward_bytes(shape, rows * length, c)}
+    if cfg.reward_model.model.fsdp_config.param_offload and resolve_device(cfg.trainer.device) == "cuda":
+        # In CPU memory between scoring passes: on the device only during its own phase (a worker
+        # runs one role call at a time, so no other phase's transient memory is there with it).
+        role.resident = {"weights": 0}
+        role.phases["score"]["weights"] = weights
+    else:
+        role.resident = {"weights": weights}
     return role
 
 
@@ -203,10 +242,8 @@ def what_ifs(cfg: RLConfig, plan: Plan, shapes: dict[str, mem.ModelShape]) -> li
         options.append(["trainer.precision=bf16"])
     if plan.world > 1 and "fsdp2" not in (arr.actor.strategy, critic.strategy):
         options.append(["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"])
-    if plan.device == "cuda" and not arr.actor.deepspeed.offload_optimizer:
-        options.append(["actor_rollout_ref.actor.strategy=deepspeed", "actor_rollout_ref.actor.deepspeed.zero_stage=3",
-                        "actor_rollout_ref.actor.deepspeed.offload_optimizer=true",
-                        "actor_rollout_ref.actor.deepspeed.offload_param=true"])
+    if plan.device == "cuda":
+        options.extend(_offload_options(cfg))
     options.append([f"trainer.n_gpus_per_node={2 * cfg.trainer.n_gpus_per_node}"])
     current = to_dict(cfg)
     out: list[tuple[str, int]] = []
@@ -219,6 +256,24 @@ def what_ifs(cfg: RLConfig, plan: Plan, shapes: dict[str, mem.ModelShape]) -> li
         if peak < plan.peak:
             out.append((" ".join(o for o in overrides if _differs(current, o)), peak))
     return sorted(out, key=lambda item: item[1])
+
+
+def _offload_options(cfg: RLConfig) -> list[list[str]]:
+    """What-ifs that move state to CPU memory (only worth suggesting for GPU workers)."""
+    arr, options = cfg.actor_rollout_ref, []
+    if not arr.actor.deepspeed.offload_optimizer:
+        options.append(["actor_rollout_ref.actor.strategy=deepspeed", "actor_rollout_ref.actor.deepspeed.zero_stage=3",
+                        "actor_rollout_ref.actor.deepspeed.offload_optimizer=true",
+                        "actor_rollout_ref.actor.deepspeed.offload_param=true"])
+    fsdp = ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.offload_policy=true"]
+    if cfg.use_critic:
+        fsdp += ["critic.strategy=fsdp2", "critic.model.fsdp_config.offload_policy=true"]
+    options.append(fsdp)
+    if arr.model.lora_rank == 0:
+        options.append(["actor_rollout_ref.ref.fsdp_config.param_offload=true"])
+    if cfg.reward_model.enable:
+        options.append(["reward_model.model.fsdp_config.param_offload=true"])
+    return options
 
 
 def _differs(current: dict[str, Any], override: str) -> bool:

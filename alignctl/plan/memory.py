@@ -11,8 +11,10 @@ The counts, in bytes, with P parameters, W data-parallel workers, b_p bytes per 
 (``model.dtype``) and b_c bytes per activation (2 under ``trainer.precision=bf16`` or a 16-bit
 ``model.dtype``, else 4):
 
-* weights ``P*b_p``, divided by W when parameters are sharded (fsdp2, ZeRO-3), 0 when offloaded;
-* gradients ``P*b_p`` for a trained role, divided by W when sharded (fsdp2, ZeRO-2/3);
+* weights ``P*b_p``, divided by W when parameters are sharded (fsdp2, ZeRO-3), 0 when offloaded
+  (fsdp2 ``offload_policy``, ZeRO-3 ``offload_param``, a frozen model's ``param_offload``);
+* gradients ``P*b_p`` for a trained role, divided by W when sharded (fsdp2, ZeRO-2/3), 0 under
+  fsdp2's ``offload_policy`` (sharded gradients go to the CPU as backward produces them);
 * AdamW state: torch keeps two moments in the parameter dtype (``2*P*b_p``); DeepSpeed keeps two
   float32 moments plus a float32 master copy when the weights are 16-bit (``8*P`` or ``12*P``);
   divided by W when sharded, 0 when offloaded to the CPU;
@@ -25,7 +27,9 @@ The counts, in bytes, with P parameters, W data-parallel workers, b_p bytes per 
 * logits: only response positions are projected; ``tokens*V*b_c`` plus a float32 log-softmax
   chunk of 1024 rows (``1024*V*4*2``), and the same again for their gradient in training;
 * KV cache of the hf engine: ``rows * length * 2 * layers * kv * b_c``;
-* a sharded engine gathers the full weights for generation and one block per forward;
+* a sharded engine gathers the full weights for generation and for no-grad log-prob passes, and one
+  block per training forward; what it gathers is on the device only during that phase. An
+  offloaded model holds nothing between phases, so its whole weights count in its own phase;
 * bf16 autocast over float32 weights caches a bf16 copy of every weight during a training forward.
 
 These are estimates: allocator fragmentation, CUDA context (~0.5 GiB) and library workspaces are
@@ -64,8 +68,9 @@ class Sharding:
     world: int = 1
     params: bool = False  # fsdp2, ZeRO-3
     grads_and_optimizer: bool = False  # fsdp2, ZeRO-2/3
-    offload_params: bool = False
-    offload_optimizer: bool = False
+    offload_params: bool = False  # ZeRO-3 offload_param, fsdp2 CPUOffloadPolicy, a parked frozen model
+    offload_optimizer: bool = False  # DeepSpeed offload_optimizer, fsdp2 CPUOffloadPolicy
+    offload_grads: bool = False  # fsdp2 CPUOffloadPolicy: sharded gradients are copied to the CPU in backward
     deepspeed_optimizer: bool = False  # float32 moments (+ master copy for 16-bit weights)
 
 
@@ -92,6 +97,8 @@ def weights_bytes(params: int, param_bytes: int, s: Sharding) -> int:
 
 
 def gradient_bytes(params: int, param_bytes: int, s: Sharding) -> int:
+    if s.offload_grads:
+        return 0
     return _split(params * param_bytes, s.world if s.grads_and_optimizer else 1)
 
 

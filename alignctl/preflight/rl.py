@@ -57,6 +57,18 @@ def _default_scorer_used(cfg: RLConfig, key: str, ctx: Context) -> bool:
     return rules and not cfg.custom_reward_function.path
 
 
+def _check_local_cluster(cfg: RLConfig) -> None:
+    """A run that will start its own local Ray cluster: the pools must fit this one machine (a
+    cluster given by address is checked against its nodes once joined, before any worker starts)."""
+    import ray
+
+    from alignctl.trainers.rl_setup import check_local_fit
+    from alignctl.workers.group import cluster_address
+
+    if cluster_address(cfg.trainer.ray_address) is None and not ray.is_initialized():
+        check_local_fit(cfg)
+
+
 def check_rl(cfg: RLConfig, ctx: Context) -> None:
     arr = cfg.actor_rollout_ref
     check_model(arr.model.path, "actor_rollout_ref.model.path", ctx, "causal",
@@ -77,6 +89,7 @@ def check_rl(cfg: RLConfig, ctx: Context) -> None:
             check_rl_prompts(files, key, ctx, prompt_key=cfg.data.prompt_key,
                              default_scorer=_default_scorer_used(cfg, key, ctx))
     _check_resume_path(cfg)
+    _check_local_cluster(cfg)
     if ctx.outputs:
         inputs = [p for p in (arr.model.path, cfg.critic.model.path, cfg.reward_model.model.path,
                               *cfg.data.train_files, *cfg.data.val_files) if p]

@@ -26,6 +26,7 @@ keeps decoding throw-away tokens that are masked out of the output; this bounds 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -36,6 +37,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from alignctl.batch import pad_rows
+from alignctl.device import cuda_available
 from alignctl.errors import UserError
 from alignctl.models.compat import cache_kwargs
 from alignctl.models.loading import position_ids_from_mask
@@ -112,12 +114,19 @@ class HFRolloutEngine(RolloutEngine):
         # The in-place cache and the prebuilt decode mask assume every layer is full attention.
         self.preallocate = all_full_attention(config) if preallocate_cache is None else preallocate_cache
 
-    # -- lifecycle: weights are shared with the trainer, and the KV cache lives only inside generate().
+    # -- lifecycle: weights are shared with the trainer, and the KV cache lives only inside generate():
+    # no tensor of a rollout outlives the call except the returned output (on the CPU).
     def wake(self) -> None:
         return None
 
     def sleep(self) -> None:
-        return None
+        """Hand the rollout's freed blocks (KV cache, logits) from torch's CUDA caching allocator
+        back to the driver, for memory outside this process's allocator (another process on the
+        GPU, NCCL buffers). Within the process the allocator would reuse them anyway, so this is
+        ``rollout.free_cache_engine`` (on by default, as in verl); nothing to do on CPU."""
+        if cuda_available() and torch.cuda.is_initialized():
+            gc.collect()  # a reference cycle could still hold a cache block; empty_cache skips live ones
+            torch.cuda.empty_cache()
 
     def sync_weights(self, weights: nn.Module | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """``None``: no-op (weights are shared). A module: generate with it from now on. (name, tensor)

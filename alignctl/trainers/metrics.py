@@ -76,6 +76,12 @@ class Timer:
             key = f"timing_s/{name}"
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
 
+    def add(self, seconds: dict[str, float]) -> None:
+        """Accumulate times measured elsewhere (calls that ran at once, each with its own time)."""
+        for name, value in seconds.items():
+            key = f"timing_s/{name}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + value
+
     def metrics(self) -> dict[str, float]:
         return dict(self.seconds)
 

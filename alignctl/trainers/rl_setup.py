@@ -7,17 +7,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from alignctl.config.core import to_dict
+from alignctl.config.placement import pool_shapes, role_pools
 from alignctl.console import console
 from alignctl.config.rl import RLConfig
-from alignctl.device import resolve_device
+from alignctl.device import cuda_available, resolve_device
 from alignctl.data.rl_dataset import PromptLoader, RLPromptDataset, load_dataset_class
 from alignctl.errors import UserError
 from alignctl.models.loading import load_tokenizer
 from alignctl.plugins import import_roots
 from alignctl.tools import tool_schemas
 from alignctl.trainers.reward import RewardComputer
-from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup, init_ray
+from alignctl.workers.group import ResourcePool, RoleSpec, cluster_address, init_ray
+from alignctl.workers.placement import PooledWorkers, check_fit, cluster_nodes, start_pools
 
 
 @dataclass
@@ -60,19 +64,58 @@ def build_components(cfg: RLConfig) -> RLComponents:
     return RLComponents(tokenizer, train, val, loader, total, RewardComputer(cfg, tokenizer), run_dir)
 
 
-def start_workers(cfg: RLConfig, total_steps: int) -> WorkerGroup:
-    """One resource pool holding every role (the hybrid engine); Ray local unless an address is given."""
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    device = resolve_device(cfg.trainer.device)  # workers may be on other nodes: not checked here
-    cpus = cfg.trainer.cpus_per_worker
-    init_ray(cfg.trainer.ray_address, num_cpus=max(os.cpu_count() or 1, world * cpus))
+def start_workers(cfg: RLConfig, total_steps: int) -> PooledWorkers:
+    """One worker group per resource pool (by default the single hybrid pool holding every role);
+    Ray local unless an address is given. The pools are checked against the cluster first: before
+    Ray starts for a local cluster, before any worker starts for a cluster being joined."""
+    pools = run_pools(cfg)
+    address = cluster_address(cfg.trainer.ray_address)
+    if address is None and not ray.is_initialized():
+        init_ray(None, num_cpus=check_local_fit(cfg, pools))
+    else:
+        init_ray(address)
+        check_fit(pools, cluster_nodes(), pool_keys(cfg, pools), f"the Ray cluster at {address or 'this driver'}")
     config = to_dict(cfg)
-    roles = [RoleSpec("actor", "alignctl.workers.actor:ActorRolloutRefWorker",
-                      {"config": config, "total_steps": total_steps})]
-    if cfg.use_critic:
-        roles.append(RoleSpec("critic", "alignctl.workers.critic:CriticWorker",
-                              {"config": config, "total_steps": total_steps}))
-    if cfg.reward_model.enable:
-        roles.append(RoleSpec("rm", "alignctl.workers.reward_model:RewardModelWorker", {"config": config}))
-    pool = ResourcePool(world, cpus=cpus, gpus=1 if device == "cuda" else 0)
-    return WorkerGroup(pool, roles, import_paths=import_roots(cfg.algorithm.plugins))
+    specs = {"actor": RoleSpec("actor", "alignctl.workers.actor:ActorRolloutRefWorker",
+                               {"config": config, "total_steps": total_steps}),
+             "critic": RoleSpec("critic", "alignctl.workers.critic:CriticWorker",
+                                {"config": config, "total_steps": total_steps}),
+             "rm": RoleSpec("rm", "alignctl.workers.reward_model:RewardModelWorker", {"config": config})}
+    roles = {role: specs[role] for role in cfg.roles}
+    return start_pools(pools, roles, role_pools(cfg.trainer, cfg.roles), import_roots(cfg.algorithm.plugins))
+
+
+def run_pools(cfg: RLConfig) -> dict[str, ResourcePool]:
+    """The pools this run starts; a worker gets one GPU when trainer.device resolves to cuda here
+    (workers may be on other nodes: their devices are not checked here)."""
+    return resource_pools(cfg, gpus=1 if resolve_device(cfg.trainer.device) == "cuda" else 0)
+
+
+def pool_keys(cfg: RLConfig, pools: dict[str, ResourcePool]) -> dict[str, str]:
+    """The config key that sizes each pool (named in errors)."""
+    return {name: f"trainer.pools.{name}" if name in cfg.trainer.pools else "trainer.nnodes" for name in pools}
+
+
+def check_local_fit(cfg: RLConfig, pools: dict[str, ResourcePool] | None = None) -> int:
+    """A private local cluster is one node with every core of this machine (at least as many as
+    the workers ask for) and its GPUs: refuse pools it cannot hold (a pool spread over several
+    nodes, more GPUs than there are). Returns the CPUs to start it with. Preflight runs this too,
+    so ``--dry-run`` catches it."""
+    pools = pools if pools is not None else run_pools(cfg)
+    num_cpus = max(os.cpu_count() or 1, sum(p.world_size * p.cpus for p in pools.values()))
+    local = {"CPU": float(num_cpus), "GPU": float(_local_gpus())}
+    check_fit(pools, [local], pool_keys(cfg, pools), "this machine (a local Ray cluster is one node)")
+    return num_cpus
+
+
+def resource_pools(cfg: RLConfig, gpus: int) -> dict[str, ResourcePool]:
+    """The pools holding this run's roles (``gpus``: per worker, unless a pool sets its own)."""
+    return {name: ResourcePool(shape.world_size, cpus=shape.cpus, gpus=shape.gpus, name=name,
+                               nnodes=shape.nnodes, strategy=shape.strategy, resources=dict(shape.resources))
+            for name, shape in pool_shapes(cfg.trainer, cfg.roles, gpus_default=gpus).items()}
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if cuda_available() else 0

@@ -21,6 +21,7 @@ import torch
 from alignctl.algos import kl_penalized_rewards, make_kl_controller
 from alignctl.batch import Batch
 from alignctl.config.core import to_dict, to_yaml
+from alignctl.config.placement import pool_key
 from alignctl.config.rl import RLConfig
 from alignctl.models.microbatch import balance_batch, balance_groups
 from alignctl.monitor import Alarm, Monitor, Thresholds, response_diversity
@@ -35,6 +36,7 @@ from alignctl.console import console
 from alignctl.errors import RunFailed, UserError
 from alignctl.tracking import Tracker
 from alignctl.workers.group import WorkerFailed
+from alignctl.workers.placement import Call, run_calls
 
 # Columns each worker call needs (sending only these keeps Ray's object traffic small).
 LOGP_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -74,31 +76,18 @@ class RLTrainer:
                 batch, pending_reward = self.collect_batch(prompts, timer)
             order = self.balance_order(batch)
             batch = batch.index(order)
-            if not self.on_policy:
-                with timer("old_log_prob"):
-                    batch = batch.union(self.workers.split("actor", "compute_log_prob", batch.select(LOGP_INPUTS)))
-            if self.need_ref:
-                with timer("ref"):
-                    batch = batch.union(self.workers.split("actor", "compute_ref_log_prob", batch.select(LOGP_INPUTS)))
-            if self.cfg.use_critic:
-                with timer("values"):
-                    batch = batch.union(self.workers.split("critic", "compute_values", batch.select(LOGP_INPUTS)))
+            batch = self.forward_passes(batch, timer)
             with timer("reward"):
                 # Scored in generation order: put the scores in the balanced order of the batch.
                 batch = batch.union(pending_reward.result().index(order))
             batch, metrics = self.apply_kl_in_reward(batch)
             with timer("adv"):
                 batch = batch.union(compute_advantage(batch, self.cfg.algorithm))
-            if self.cfg.use_critic:
-                with timer("update_critic"):
-                    metrics |= self.update("critic", "update_critic", batch)
-            if self.global_step >= self.cfg.trainer.critic_warmup:
-                with timer("update_actor"):
-                    metrics |= self.update("actor", "update_actor", batch)
+            metrics |= self.updates(batch, timer)
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | tool_metrics(batch)
         metrics |= batch.meta.get("reward_metrics", {})
-        metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.world_size)
+        metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.total_workers)
         metrics |= response_diversity(batch["responses"], batch["response_mask"],
                                       batch["group_index"] if "group_index" in batch else None)
         return metrics
@@ -156,10 +145,38 @@ class RLTrainer:
         self.kl_ctrl.update(float(kl), n_steps=len(batch))  # responses, as verl counts them
         return batch.union(Batch({"token_level_rewards": rewards})), metrics
 
-    def update(self, role: str, method: str, batch: Batch) -> dict[str, float]:
+    def forward_passes(self, batch: Batch, timer: Timer) -> Batch:
+        """Old log-probs (off-policy), reference log-probs (with a KL) and critic values (gae): the
+        actor's and the critic's run at once when they live in different pools."""
+        inputs = batch.select(LOGP_INPUTS)
+        calls = [Call(name, role, method, inputs) for name, role, method, wanted in (
+            ("old_log_prob", "actor", "compute_log_prob", not self.on_policy),
+            ("ref", "actor", "compute_ref_log_prob", self.need_ref),
+            ("values", "critic", "compute_values", self.cfg.use_critic)) if wanted]
+        results, seconds = run_calls(self.workers, calls, concurrent=self.cfg.trainer.concurrent_roles)
+        timer.add(seconds)
+        for result in results:
+            batch = batch.union(result)
+        return batch
+
+    def updates(self, batch: Batch, timer: Timer) -> dict[str, float]:
+        """The critic update, then the actor update (after ``critic_warmup``); at once when the two
+        live in different pools (each reads only this step's batch)."""
+        calls = []
+        if self.cfg.use_critic:
+            calls.append(self.update_call("critic", "update_critic", batch))
+        if self.global_step >= self.cfg.trainer.critic_warmup:
+            calls.append(self.update_call("actor", "update_actor", batch))
+        results, seconds = run_calls(self.workers, calls, concurrent=self.cfg.trainer.concurrent_roles)
+        timer.add(seconds)
+        metrics: dict[str, float] = {}
+        for parts in results:
+            metrics |= parts[0]  # metrics are all-reduced inside the workers: every rank holds the same
+        return metrics
+
+    def update_call(self, role: str, method: str, batch: Batch) -> Call:
         keys = ACTOR_UPDATE_INPUTS if role == "actor" else (*LOGP_INPUTS, "values", "returns")
-        parts = self.workers.split_collect(role, method, batch.select([k for k in keys if k in batch]))
-        return parts[0]  # metrics are all-reduced inside the workers: every rank holds the same
+        return Call(method, role, method, batch.select([k for k in keys if k in batch]), collect=True)
 
     # ------------------------------------------------------------------ the run
 
@@ -267,7 +284,8 @@ class RLTrainer:
     def controller_state(self) -> dict[str, Any]:
         """What the controller itself must remember (the workers save their own state)."""
         return {"global_step": self.global_step, "loader": self.parts.loader.state_dict(),
-                "kl_ctrl": self.kl_ctrl.state_dict(), "world_size": self.workers.world_size}
+                "kl_ctrl": self.kl_ctrl.state_dict(), "world_size": self.workers.world_size,
+                "role_world_sizes": {role: self.workers.world_size_of(role) for role in self.trainable_roles}}
 
     def save_checkpoint(self) -> Path:
         """Every trainable role writes into a partial folder, then the controller state; then commit."""
@@ -302,10 +320,7 @@ class RLTrainer:
         if folder is None:
             return None
         state = read_state(folder)
-        world = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
-        if state["world_size"] != world:
-            raise UserError(f"{folder}: written by {state['world_size']} workers, this run has {world} "
-                            f"(trainer.nnodes x trainer.n_gpus_per_node must match to resume)")
+        self.check_resume_worlds(folder, state)
         self.global_step = int(state["global_step"])
         self.parts.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
@@ -316,6 +331,17 @@ class RLTrainer:
                 result.history.append({k: v for k, v in row.items() if k != "step"})
         console.print(f"[bold]resuming from {folder} (step {self.global_step})[/]")
         return folder
+
+    def check_resume_worlds(self, folder: Path, state: dict[str, Any]) -> None:
+        """Each trainable role resumes on as many workers as wrote its state (sharded optimizer
+        states and per-rank random states)."""
+        written = {"actor": state["world_size"], **state.get("role_world_sizes", {})}
+        for role in self.trainable_roles:
+            world = self.cfg.world_size(role)
+            if role in written and written[role] != world:
+                key = pool_key(self.cfg.trainer, role)
+                raise UserError(f"{folder}: written by {written[role]} {'' if role == 'actor' else role + ' '}workers, "
+                                f"this run has {world} ({key} must match to resume)")
 
     def _validate(self, tracker: Tracker, result: RunResult) -> None:
         start = time.perf_counter()

@@ -72,7 +72,8 @@ class ActorRolloutRefWorker:
         self._sync_rollout_weights()
         with autocast(self.ctx.device, self.rollout_precision):
             out = self.rollout.generate(prompts["prompt_ids"], params)
-        self.rollout.sleep()
+        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+            self.rollout.sleep()
         tensors = assemble(prompts["prompt_ids"], out, prompt_width=meta["prompt_width"],
                            response_width=self.cfg.data.max_response_length, pad_id=self.policy.pad_id)
         tensors["group_index"] = torch.as_tensor([prompts["uid"][int(i)] for i in out.prompt_index])

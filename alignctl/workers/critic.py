@@ -42,13 +42,14 @@ class CriticWorker:
         attn = resolve_attn_implementation(arr.model.attn_implementation, device=ctx.device,
                                            packing=critic.model.use_remove_padding)
         model = load_value_model(critic.model.path or arr.model.path, dtype=arr.model.dtype, attn_implementation=attn)
-        if ctx.device == "cuda":
+        offload = critic.strategy == "fsdp2" and critic.model.fsdp_config.offload_policy
+        if ctx.device == "cuda" and not offload:  # offloaded, fully_shard moves one unit at a time
             model = model.cuda()
         if critic.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)
         self.model = model
-        self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size, options=critic.deepspeed,
-                                  key="critic.deepspeed")
+        self.engine = make_engine(critic.strategy, model, world_size=ctx.world_size, fsdp_offload=offload,
+                                  options=critic.deepspeed, key="critic.deepspeed")
         attach_optimizer(self.engine, model, critic.optim, total_steps)
         self.plan = MicroBatchPlan(critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
                                    critic.ppo_max_token_len_per_gpu)

@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -51,6 +52,8 @@ class DistContext:
     device: str
     backend: str
 
+
+MAX_SPANS = 256  # role-call intervals a worker keeps for spans()
 
 # DeepSpeed (imported by transformers when installed) prints an accelerator banner without this.
 WORKER_ENV = {"DS_ACCELERATOR_LOG_LEVEL": "error", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
@@ -84,9 +87,10 @@ def _loopback_interface() -> str:
 class _Worker:
     """The body of one fused worker process (wrapped by ``ray.remote`` in :class:`WorkerGroup`)."""
 
-    def __init__(self, rank: int, world_size: int, device: str, threads: int) -> None:
-        self.rank, self.world_size, self.device, self.threads = rank, world_size, device, threads
+    def __init__(self, rank: int, world_size: int, device: str, threads: int, pool: str = "global_pool") -> None:
+        self.rank, self.world_size, self.device, self.threads, self.pool = rank, world_size, device, threads, pool
         self.roles: dict[str, Any] = {}
+        self._spans: list[tuple[str, str, float, float]] = []  # (role, method, start, end): see spans()
         self._store_socket: socket.socket | None = None  # rank 0's rendezvous listener, see address()
         _quiet_libraries()
 
@@ -101,6 +105,7 @@ class _Worker:
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(), "pool": self.pool,
                 "device": self.device, "roles": sorted(self.roles)}
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
@@ -144,7 +149,17 @@ class _Worker:
         self.roles[spec.name] = factory(self.ctx, **spec.kwargs)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.roles[role], method)(*args, **kwargs)
+        start = time.time()
+        try:
+            return getattr(self.roles[role], method)(*args, **kwargs)
+        finally:
+            self._spans = [*self._spans[-(MAX_SPANS - 1):], (role, method, start, time.time())]
+
+    def spans(self) -> list[tuple[str, str, float, float]]:
+        """The wall-clock intervals of the latest role calls (oldest first), then forgets them: how
+        a benchmark sees which phases of different pools overlapped."""
+        spans, self._spans = self._spans, []
+        return spans
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -166,12 +181,33 @@ def _quiet_libraries() -> None:
 
 @dataclass
 class ResourcePool:
-    """``world_size`` workers, each with ``cpus`` cores and ``gpus`` GPUs (0 on CPU)."""
+    """``world_size`` workers, each with ``cpus`` cores and ``gpus`` GPUs (0 on CPU), on ``nnodes``
+    nodes, placed with Ray's ``strategy``."""
 
     world_size: int
     cpus: int = 1
     gpus: int = 0
     name: str = "global_pool"
+    nnodes: int = 1
+    strategy: str = "PACK"
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
+
+    def bundles(self) -> list[dict[str, float]]:
+        """One node: a bundle per worker (as alignctl always placed them). Several nodes: one bundle
+        per node holding that node's workers, so STRICT_SPREAD means "this many distinct nodes,
+        world_size / nnodes workers on each" (a bundle per worker cannot say that)."""
+        per = self.world_size // self.nnodes if self.nnodes > 1 else 1
+        bundle = {"CPU": float(self.cpus * per), **({"GPU": float(self.gpus * per)} if self.gpus else {}),
+                  **{name: float(amount * per) for name, amount in self.resources.items()}}
+        return [dict(bundle) for _ in range(self.world_size // per)]
+
+    def bundle_of(self, rank: int) -> int:
+        return rank // (self.world_size // self.nnodes) if self.nnodes > 1 else rank
+
+
+# How long a placement group may wait for its resources before the start fails (a pool that cannot
+# fit would otherwise wait forever; the fit is checked before, this is the backstop).
+PLACEMENT_TIMEOUT_S = 180.0
 
 
 class WorkerGroup:
@@ -184,33 +220,48 @@ class WorkerGroup:
         env = dict(WORKER_ENV)
         if import_paths:
             env["PYTHONPATH"] = os.pathsep.join([*import_paths, *filter(None, [os.environ.get("PYTHONPATH")])])
-        bundle = {"CPU": pool.cpus, **({"GPU": pool.gpus} if pool.gpus else {})}
-        self._pg: PlacementGroup = placement_group([dict(bundle) for _ in range(pool.world_size)],
-                                                   strategy="PACK", name=pool.name)
-        ray.get(self._pg.ready())
+        self._pg: PlacementGroup = placement_group(pool.bundles(), strategy=pool.strategy, name=pool.name)
+        self._wait_placed()
         device = "cuda" if pool.gpus else "cpu"
         remote_cls = ray.remote(_Worker)
         self.workers = [
             remote_cls.options(
-                num_cpus=pool.cpus, num_gpus=pool.gpus, name=f"{pool.name}-rank{rank}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, rank),
+                num_cpus=pool.cpus, num_gpus=pool.gpus, resources=dict(pool.resources), name=f"{pool.name}-rank{rank}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, pool.bundle_of(rank)),
                 runtime_env={"env_vars": env},
-            ).remote(rank, pool.world_size, device, pool.cpus)
+            ).remote(rank, pool.world_size, device, pool.cpus, pool.name)
             for rank in range(pool.world_size)
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())
         ray.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
+        # Where each rank runs, named in failure messages (a dead process can no longer say).
+        self.where = [f"node {d['node_ip']} [{d['node_id'][:12]}], pool {pool.name} rank {d['rank']}"
+                      for d in self.describe()]
         for spec in roles:
             ray.get([w.add_role.remote(spec) for w in self.workers])
         self.role_names = [spec.name for spec in roles]
+
+    def _wait_placed(self) -> None:
+        try:
+            ray.get(self._pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self._pg)
+            pool = self.pool
+            raise WorkerFailed(f"pool {pool.name!r} ({pool.world_size} workers on {pool.nnodes} node(s), "
+                               f"{pool.strategy}) could not be placed within {PLACEMENT_TIMEOUT_S:.0f} s; "
+                               f"cluster resources now: {ray.available_resources()}") from None
 
     @property
     def world_size(self) -> int:
         return self.pool.world_size
 
     def describe(self) -> list[dict[str, Any]]:
-        """Rank, pid, node and roles of every worker (written to the run folder for operators)."""
+        """Rank, pid, node, pool and roles of every worker (written to the run folder for operators)."""
         return _get([w.describe.remote() for w in self.workers], "group", "describe")
+
+    def spans(self) -> list[tuple[str, str, float, float]]:
+        """Every rank's latest role-call intervals (see ``_Worker.spans``)."""
+        return [span for rank in _get([w.spans.remote() for w in self.workers], "group", "spans") for span in rank]
 
     # ------------------------------------------------------------------ dispatch modes
 
@@ -218,21 +269,26 @@ class WorkerGroup:
         return [w.call.remote(role, method, *args, **kwargs) for w in self.workers]
 
     def broadcast(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return _get(self.broadcast_async(role, method, *args, **kwargs), role, method)
+        return self.gather(role, method, self.broadcast_async(role, method, *args, **kwargs))
 
     def split_async(self, role: str, method: str, batch: Batch, **kwargs: Any) -> list[ray.ObjectRef]:
         parts = batch.chunk(self.world_size)
         return [w.call.remote(role, method, part, **kwargs) for w, part in zip(self.workers, parts)]
 
     def split(self, role: str, method: str, batch: Batch, **kwargs: Any) -> Batch:
-        return Batch.concat(_get(self.split_async(role, method, batch, **kwargs), role, method))
+        return Batch.concat(self.gather(role, method, self.split_async(role, method, batch, **kwargs)))
 
     def split_collect(self, role: str, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
         """Split like ``split`` but return every rank's result as is (e.g. metrics dicts)."""
-        return _get(self.split_async(role, method, batch, **kwargs), role, method)
+        return self.gather(role, method, self.split_async(role, method, batch, **kwargs))
 
     def rank0(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _get(self.workers[0].call.remote(role, method, *args, **kwargs), role, method)
+        return self.gather(role, method, [self.workers[0].call.remote(role, method, *args, **kwargs)])[0]
+
+    def gather(self, role: str, method: str, refs: list[ray.ObjectRef]) -> list[Any]:
+        """Every rank's result of an ``*_async`` call (refs in rank order); a failure names the role,
+        the call and where the failing rank ran."""
+        return _get(refs, role, method, getattr(self, "where", None))
 
     def shutdown(self) -> None:
         try:
@@ -248,40 +304,47 @@ class WorkerFailed(Exception):
     """A worker process died, or raised, during a role call."""
 
 
-def _get(refs: Any, role: str, method: str) -> Any:
-    """``ray.get`` that names the role and call when a worker dies or a role method raises."""
-    try:
-        if not isinstance(refs, list):
-            return ray.get(refs)
-        # Wait on whichever finishes first: when one rank dies, its peers may be blocked in a
-        # collective with it forever, so waiting on rank 0 first could hang instead of failing.
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+def _get(refs: list[Any], role: str, method: str, where: list[str] | None = None) -> Any:
+    """``ray.get`` that names the role and call (and, with ``where``, the failing rank's node and
+    pool; one entry per ref) when a worker dies or a role method raises."""
+    # Wait on whichever finishes first: when one rank dies, its peers may be blocked in a
+    # collective with it forever, so waiting on rank 0 first could hang instead of failing.
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
             ray.get(ready)  # raises at once for a dead or failed worker
-        return ray.get(refs)
-    except ray.exceptions.RayActorError as exc:
-        raise WorkerFailed(f"a '{role}' worker process died during {method} ({type(exc).__name__})") from exc
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(refs, list):
-            _raise_if_a_peer_died(refs, role, method)
-        cause = exc.cause if exc.cause is not None else exc
-        # A full disk or unwritable folder (e.g. while saving a checkpoint) is named in plain
-        # words with its path, not as the library's wrapper (DCP's CheckpointException, ...).
-        from alignctl.errors import find_os_failure
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerFailed(_died(role, method, exc, where, refs.index(ready[0]))) from exc
+        except ray.exceptions.RayTaskError as exc:
+            _raise_if_a_peer_died(refs, role, method, where)
+            raise _failed(role, method, exc) from exc
+    return ray.get(refs)
 
-        failure = find_os_failure(cause)
-        if failure is not None:
-            raise WorkerFailed(f"'{role}' worker failed in {method}: {failure.message()}") from exc
-        raise WorkerFailed(f"'{role}' worker failed in {method}: {type(cause).__name__}: "
-                           f"{str(cause).splitlines()[0] if str(cause) else ''}") from exc
+
+def _died(role: str, method: str, exc: Exception, where: list[str] | None, index: int) -> str:
+    place = f" on {where[index]}" if where and index < len(where) else ""
+    return f"a '{role}' worker process died during {method}{place} ({type(exc).__name__})"
+
+
+def _failed(role: str, method: str, exc: ray.exceptions.RayTaskError) -> WorkerFailed:
+    cause = exc.cause if exc.cause is not None else exc
+    # A full disk or unwritable folder (e.g. while saving a checkpoint) is named in plain
+    # words with its path, not as the library's wrapper (DCP's CheckpointException, ...).
+    from alignctl.errors import find_os_failure
+
+    failure = find_os_failure(cause)
+    if failure is not None:
+        return WorkerFailed(f"'{role}' worker failed in {method}: {failure.message()}")
+    return WorkerFailed(f"'{role}' worker failed in {method}: {type(cause).__name__}: "
+                        f"{str(cause).splitlines()[0] if str(cause) else ''}")
 
 
 # How long to look for a dead peer behind a rank's error before reporting the error itself.
 PEER_DEATH_GRACE_S = 5.0
 
 
-def _raise_if_a_peer_died(refs: list[Any], role: str, method: str) -> None:
+def _raise_if_a_peer_died(refs: list[Any], role: str, method: str, where: list[str] | None) -> None:
     """A rank whose collective peer was killed fails with a transport error ("connection reset")
     that may arrive before Ray reports the death: name the root cause, the dead process."""
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_GRACE_S)
@@ -289,7 +352,7 @@ def _raise_if_a_peer_died(refs: list[Any], role: str, method: str) -> None:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            raise WorkerFailed(f"a '{role}' worker process died during {method} ({type(exc).__name__})") from exc
+            raise WorkerFailed(_died(role, method, exc, where, refs.index(ref))) from exc
         except ray.exceptions.RayTaskError:
             continue
 
@@ -312,10 +375,12 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, log_to_driver=True)
+        join_cluster(address)
         return
     with _node_ip_stays_loopback():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
+        # "local": a private cluster even when RAY_ADDRESS or a `ray start` on this machine
+        # (its address file) would make a bare ray.init() join that one.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
                  object_store_memory=512 * 1024 * 1024, configure_logging=True, logging_level="ERROR",
                  _node_ip_address=LOOPBACK,
                  # the agent's Prometheus exporter: an unauthenticated HTTP port nobody reads here;
@@ -323,6 +388,24 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
                  # generation: on a CPU shared with anything else they got a fraction of their cores
                  _system_config=RAY_SYSTEM_CONFIG)
     _remember_session()
+
+
+def cluster_address(configured: str | None) -> str | None:
+    """The cluster to join: ``trainer.ray_address``, else the RAY_ADDRESS environment variable
+    (Ray's own convention), else None (start a private local cluster)."""
+    return configured or os.environ.get("RAY_ADDRESS") or None
+
+
+def join_cluster(address: str) -> None:
+    """Connect this driver to an existing cluster. A head on a loopback address is a cluster on
+    this machine: the driver's own servers then listen on loopback too (Ray would otherwise
+    announce, and listen on, the machine's outward address)."""
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if _is_loopback(host):
+        with _node_ip_stays_loopback():
+            ray.init(address=address, log_to_driver=True, _node_ip_address=LOOPBACK)
+        return
+    ray.init(address=address, log_to_driver=True)
 
 
 @contextlib.contextmanager

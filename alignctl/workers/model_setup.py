@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from alignctl.models.attention import resolve_attn_implementation
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
+from alignctl.workers.offload import ParkedModule
 from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
 from alignctl.workers.train_engine import TrainEngine
 
@@ -51,6 +53,7 @@ class Policy:
     pad_id: int
     eos_ids: list[int]
     lora: Any = None  # the peft LoraConfig when training adapters
+    ref_parking: ParkedModule | None = None  # an unsharded reference kept in CPU memory between passes
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[nn.Module]:
@@ -59,7 +62,8 @@ class Policy:
             with self.engine.gathered() as model, model.disable_adapter():
                 yield model
             return
-        with self.ref_engine.gathered() as ref:
+        parked = self.ref_parking.on_device() if self.ref_parking is not None else contextlib.nullcontext()
+        with parked, self.ref_engine.gathered() as ref:
             yield ref
 
     def rollout_kwargs(self, rollout: RolloutConfig) -> dict[str, Any]:
@@ -138,13 +142,24 @@ def _engine_options(actor: ActorConfig) -> dict[str, Any]:
     return {"options": actor.deepspeed, "key": "actor_rollout_ref.actor.deepspeed"}
 
 
-def _reference_engine(actor: ActorConfig, ref: nn.Module, world_size: int) -> TrainEngine:
-    """The frozen copy, sharded like the actor where that saves memory (fsdp2, ZeRO-3)."""
-    if actor.strategy == "fsdp2":
-        return make_engine("fsdp2", ref, world_size=world_size)
+def _reference_engine(arr: ActorRolloutRefConfig, ref: nn.Module, ctx: DistContext
+                      ) -> tuple[TrainEngine, ParkedModule | None]:
+    """The frozen copy (still in CPU memory), sharded like the actor where that saves memory (fsdp2,
+    ZeRO-3). ``ref.fsdp_config.param_offload`` keeps its weights in CPU memory between reference
+    passes with each engine's own means: fsdp2's CPUOffloadPolicy, ZeRO-3's offload_param, and for
+    an unsharded copy a :class:`ParkedModule`."""
+    actor, offload = arr.actor, arr.ref.fsdp_config.param_offload
+    if actor.strategy == "fsdp2":  # fully_shard places the shards on the device itself
+        return make_engine("fsdp2", ref, world_size=ctx.world_size, fsdp_offload=offload), None
     if actor.strategy == "deepspeed" and actor.deepspeed.zero_stage == 3:
-        return make_engine("deepspeed", ref, world_size=world_size, trainable=False, **_engine_options(actor))
-    return TrainEngine(ref, world_size)
+        options = {**_engine_options(actor), "trainable": False}
+        if offload:
+            options["options"] = dataclasses.replace(actor.deepspeed, offload_param=True)
+        return make_engine("deepspeed", ref.to(ctx.device), world_size=ctx.world_size, **options), None
+    if offload:
+        parking = ParkedModule(ref, ctx.device)
+        return TrainEngine(ref, ctx.world_size), parking
+    return TrainEngine(ref.to(ctx.device), ctx.world_size), None
 
 
 def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
@@ -154,20 +169,23 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     attn = resolve_attn_implementation(arr.model.attn_implementation, device=ctx.device,
                                        packing=arr.model.use_remove_padding)
     model = load_causal_lm(arr.model.path, dtype=arr.model.dtype, attn_implementation=attn)
-    if ctx.device == "cuda":
-        model = model.cuda()
     if arr.model.enable_gradient_checkpointing:
         enable_activation_checkpointing(model)
         model.config.use_cache = False
     lora = lora_config(arr.model) if arr.model.lora_rank > 0 else None
+    # Copied while still in CPU memory: an offloaded reference never occupies the device whole.
     ref = None if lora is not None else copy.deepcopy(model).eval().requires_grad_(False)
+    offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy
+    if ctx.device == "cuda" and not offload:  # offloaded, fully_shard moves one unit at a time
+        model = model.cuda()
     if lora is not None:
         model = add_lora(model, lora)
-    engine = make_engine(arr.actor.strategy, model, world_size=ctx.world_size, **_engine_options(arr.actor))
+    engine = make_engine(arr.actor.strategy, model, world_size=ctx.world_size, fsdp_offload=offload,
+                         **_engine_options(arr.actor))
     attach_optimizer(engine, model, arr.actor.optim, total_steps)
-    ref_engine = None if ref is None else _reference_engine(arr.actor, ref, ctx.world_size)
+    ref_engine, ref_parking = (None, None) if ref is None else _reference_engine(arr, ref, ctx)
     pad_id = int(tokenizer.pad_token_id)
-    return Policy(model, engine, ref_engine, tokenizer, pad_id, _eos_ids(tokenizer, model), lora)
+    return Policy(model, engine, ref_engine, tokenizer, pad_id, _eos_ids(tokenizer, model), lora, ref_parking)
 
 
 def save_hf_folder(policy: Policy, path: str, *, is_writer: bool) -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from alignctl.device import cuda_available
 from alignctl.models.blocks import transformer_blocks
 from alignctl.workers.train_engine import TrainEngine
 
@@ -67,16 +68,36 @@ class DDPEngine(TrainEngine):
 
 class FSDP2Engine(TrainEngine):
     """``fully_shard`` on every transformer block (one unit each, found from the model's
-    ``_no_split_modules`` by :func:`alignctl.models.blocks.transformer_blocks`) and on the root."""
+    ``_no_split_modules`` by :func:`alignctl.models.blocks.transformer_blocks`) and on the root.
 
-    def __init__(self, model: nn.Module, world_size: int) -> None:
-        from torch.distributed.fsdp import fully_shard
+    ``offload=True`` shards with torch's ``CPUOffloadPolicy``: the parameter shards, their gradients
+    and (since the optimizer is built on those shards) the optimizer state stay in CPU memory; each
+    unit's shards are copied to the device for its all-gather and the optimizer steps on the CPU.
+    Pinned host memory is used when the device mesh is CUDA (``fully_shard``'s default mesh is CUDA
+    whenever CUDA is available); pinning needs CUDA."""
+
+    def __init__(self, model: nn.Module, world_size: int, *, offload: bool = False) -> None:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         super().__init__(model, world_size)
+        self.offload = offload
+        policy = CPUOffloadPolicy(pin_memory=cuda_available()) if offload else OffloadPolicy()
         for block in transformer_blocks(model):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, offload_policy=policy)
+        fully_shard(model, offload_policy=policy)
         self._fsdp_modules = [m for m in model.modules() if hasattr(m, "unshard") and hasattr(m, "reshard")]
+
+    def clip_gradients(self, params: list[nn.Parameter], grad_clip: float) -> torch.Tensor:
+        if not self.offload:
+            return super().clip_gradients(params, grad_clip)
+        # Offloaded gradients are CPU DTensors: their summed norm must reach the process group's
+        # device before it is reduced over the workers (NCCL reduces only CUDA tensors; verl does
+        # the same), then the scale comes back to the CPU for the gradients.
+        from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+        norm = get_total_norm([p.grad for p in params if p.grad is not None]).to(collective_device())
+        clip_grads_with_norm_(params, grad_clip if grad_clip > 0 else float("inf"), norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     @contextlib.contextmanager
     def grad_sync(self, enabled: bool) -> Iterator[None]:
@@ -108,13 +129,19 @@ class FSDP2Engine(TrainEngine):
 ENGINES: dict[str, type[TrainEngine]] = {"ddp": DDPEngine, "fsdp2": FSDP2Engine}
 
 
-def make_engine(strategy: str, model: nn.Module, *, world_size: int, **kwargs: Any) -> TrainEngine:
-    """``kwargs`` are DeepSpeed's (``options``: a DeepSpeedConfig, ``key``: its config path for
-    error messages, ``trainable``); the torch backends take none and ignore them."""
+def make_engine(strategy: str, model: nn.Module, *, world_size: int, fsdp_offload: bool = False,
+                **kwargs: Any) -> TrainEngine:
+    """``fsdp_offload``: fsdp2's ``CPUOffloadPolicy`` (config validation allows it only with fsdp2).
+    ``kwargs`` are DeepSpeed's (``options``: a DeepSpeedConfig, ``key``: its config path for error
+    messages, ``trainable``); the torch backends take none and ignore them."""
+    if fsdp_offload and strategy != "fsdp2":
+        raise ValueError(f"fsdp_offload needs strategy fsdp2, got {strategy!r}")
     if strategy == "deepspeed":
         from alignctl.workers.deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine(model, world_size, **kwargs)
+    if strategy == "fsdp2":
+        return FSDP2Engine(model, world_size, offload=fsdp_offload)
     if strategy not in ENGINES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join([*ENGINES, 'deepspeed'])}")
     return ENGINES[strategy](model, world_size)

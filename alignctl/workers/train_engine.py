@@ -48,12 +48,17 @@ class TrainEngine:
     def step(self, grad_clip: float) -> torch.Tensor:
         """Clip, step, zero; returns the pre-clip global gradient norm."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        norm = self.clip_gradients(params, grad_clip)
         if torch.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm.detach()
+
+    def clip_gradients(self, params: list[nn.Parameter], grad_clip: float) -> torch.Tensor:
+        """Scale the gradients to a global norm of at most ``grad_clip`` (<= 0: no clipping);
+        returns the pre-clip norm as a plain tensor."""
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def advance_schedule(self) -> None:
         """One LR-schedule step per training step (as verl), however many optimizer steps it took:

@@ -30,9 +30,9 @@ class KillingTrainer(RLTrainer):
         super().__init__(cfg)
         self.point, self.kill_step = point, step
 
-    def update(self, role, method, batch):
-        metrics = super().update(role, method, batch)
-        if self.point == "mid_step" and role == "actor" and self.global_step + 1 == self.kill_step:
+    def updates(self, batch, timer):
+        metrics = super().updates(batch, timer)  # the critic's and the actor's updates of this step
+        if self.point == "mid_step" and self.global_step + 1 == self.kill_step:
             kill_job()
         return metrics
 

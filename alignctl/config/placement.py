@@ -1,0 +1,128 @@
+"""Where the RL roles run: named resource pools and the role -> pool mapping (``trainer.pools``,
+``trainer.placement``), in verl's spirit (its ``resource_pool_spec`` + role mapping).
+
+The default is today's single hybrid pool ``global_pool`` (``trainer.nnodes`` x
+``trainer.n_gpus_per_node`` workers) holding every role. Each pool becomes its own Ray placement
+group and torch.distributed group (workers/placement.py); this module only reads and checks the
+config, before Ray starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from alignctl.config.core import field
+from alignctl.errors import UserError
+
+DEFAULT_POOL = "global_pool"
+ROLES = ("actor", "critic", "rm")
+PLACEMENT_STRATEGIES = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a Ray actor / placement-group name
+
+
+@dataclass
+class PoolConfig:
+    nnodes: int | None = field(None, ge=1, help="Nodes this pool spans (default: trainer.nnodes).")
+    workers_per_node: int | None = field(None, ge=1, help="Worker processes per node (default: "
+                                                          "trainer.n_gpus_per_node); one GPU each on CUDA.")
+    cpus_per_worker: int | None = field(None, ge=1, help="CPU cores (and torch threads) per worker "
+                                                         "(default: trainer.cpus_per_worker).")
+    gpus_per_worker: int | None = field(None, ge=0, help="GPUs per worker (default: 1 when trainer.device "
+                                                         "resolves to cuda, else 0).")
+    resources: dict[str, float] = field(default_factory=dict, help="Custom Ray resources each worker asks for, "
+                                                                "e.g. {big_memory: 1}: the pool then runs only on nodes "
+                                                                "started with them (ray start --resources).")
+    strategy: str = field("auto", help="Ray placement strategy. auto: PACK on one node; with nnodes > 1, "
+                                       "STRICT_SPREAD of one bundle per node (workers_per_node workers on "
+                                       "each of nnodes distinct nodes). SPREAD is the best-effort version; "
+                                       "PACK packs the node bundles onto as few nodes as fit.",
+                          choices=PLACEMENT_STRATEGIES)
+
+
+@dataclass
+class PlacementConfig:
+    actor: str = field(DEFAULT_POOL, help="Pool of the actor, its rollout engine and the reference policy "
+                                          "(the hybrid engine: the reference always lives with the actor).")
+    critic: str = field(DEFAULT_POOL, help="Pool of the critic (used by gae).")
+    rm: str = field(DEFAULT_POOL, help="Pool of the reward model (reward_model.enable).")
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """A pool resolved against the trainer defaults: what one placement group asks Ray for."""
+
+    name: str
+    nnodes: int
+    workers_per_node: int
+    cpus: int  # per worker
+    gpus: int  # per worker
+    strategy: str  # a Ray strategy (auto resolved)
+    resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources per worker
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.workers_per_node
+
+
+def _shape(name: str, pool: PoolConfig | None, trainer: Any, gpus_default: int) -> PoolShape:
+    pool = pool or PoolConfig()
+    nnodes = pool.nnodes or trainer.nnodes
+    strategy = pool.strategy
+    if strategy == "auto":
+        strategy = "STRICT_SPREAD" if nnodes > 1 else "PACK"
+    return PoolShape(name, nnodes, pool.workers_per_node or trainer.n_gpus_per_node,
+                     pool.cpus_per_worker or trainer.cpus_per_worker,
+                     gpus_default if pool.gpus_per_worker is None else pool.gpus_per_worker, strategy,
+                     tuple(sorted(pool.resources.items())))
+
+
+def role_pools(trainer: Any, roles: tuple[str, ...] = ROLES) -> dict[str, str]:
+    """role -> pool name, for the roles asked."""
+    return {role: getattr(trainer.placement, role) for role in roles}
+
+
+def pool_shapes(trainer: Any, roles: tuple[str, ...] = ROLES, gpus_default: int = 0) -> dict[str, PoolShape]:
+    """The pools that hold at least one of ``roles`` (the roles this run uses), in role order."""
+    shapes: dict[str, PoolShape] = {}
+    for name in role_pools(trainer, roles).values():
+        if name not in shapes:
+            shapes[name] = _shape(name, trainer.pools.get(name), trainer, gpus_default)
+    return shapes
+
+
+def check_placement(trainer: Any) -> None:
+    """Every role placed on a defined pool, every defined pool used, shapes that can exist."""
+    for name in trainer.pools:
+        if not _POOL_NAME.match(str(name)):
+            raise UserError(f"key 'trainer.pools.{name}': a pool name is letters, digits, '_', '.', '-' "
+                            f"(at most 64, not starting with a symbol)")
+    known = {DEFAULT_POOL, *trainer.pools}
+    for role, name in role_pools(trainer).items():
+        if name not in known:
+            raise UserError(f"key 'trainer.placement.{role}' names pool {name!r}, which is not defined; "
+                            f"expected one of {', '.join(sorted(known))} (define it under trainer.pools)")
+    used = set(role_pools(trainer).values())
+    for name in trainer.pools:
+        if name not in used:
+            raise UserError(f"key 'trainer.pools.{name}': no role is placed on it; name it in "
+                            f"trainer.placement.actor / critic / rm, or remove it")
+    for name, pool in trainer.pools.items():
+        for resource, amount in pool.resources.items():
+            if resource in ("CPU", "GPU", "memory") or isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                    or amount <= 0:
+                raise UserError(f"key 'trainer.pools.{name}.resources.{resource}': expected a custom resource name "
+                                f"with a positive amount (CPUs and GPUs have their own keys), got {amount!r}")
+    for name in used:
+        shape = _shape(name, trainer.pools.get(name), trainer, 0)
+        if shape.strategy == "STRICT_PACK" and shape.nnodes > 1:
+            key = f"trainer.pools.{name}.strategy" if name in trainer.pools else "trainer.nnodes"
+            raise UserError(f"key {key!r}: STRICT_PACK puts every worker on one node, but the pool spans "
+                            f"{shape.nnodes} nodes; use STRICT_SPREAD, SPREAD or PACK")
+
+
+def pool_key(trainer: Any, role: str) -> str:
+    """The config key that sets the size of ``role``'s pool (for error messages)."""
+    name = getattr(trainer.placement, role)
+    return f"trainer.pools.{name}" if name in trainer.pools else "trainer.nnodes x trainer.n_gpus_per_node"
