@@ -9,9 +9,11 @@ prints it beside the plan's estimate of resident parts + the update phase:
     python benchmarks/plan_vs_measured.py --model work/smollm2_grpo/base_model-<key>
     python benchmarks/plan_vs_measured.py --model PATH --configs ddp ddp_ckpt ddp_bf16
 
-One process, one worker (world size 1): the fsdp2 and offload rows of the issue need a process
-group and are run through ``alignctl ppo`` instead (see docs/plan.md). Issue 22 asks for the
-estimate to be within 25% of the measurement.
+One process, one worker (world size 1). The fsdp2 rows shard the policy with alignctl's own
+``FSDP2Engine`` in a one-process NCCL group (``fsdp2_offload`` with torch's ``CPUOffloadPolicy``
+and the reference parked in CPU memory, as ``ref.fsdp_config.param_offload`` does). Issue 22 asks
+for the estimate to be within 25% of the measurement for ddp, fsdp2 + checkpointing and fsdp2 +
+offload.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ CONFIGS = {
     "ddp": [],
     "ddp_ckpt": ["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
     "ddp_bf16": ["trainer.precision=bf16"],
+    "fsdp2_ckpt": ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.model.enable_gradient_checkpointing=true"],
+    "fsdp2_offload": ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+                      "actor_rollout_ref.ref.fsdp_config.param_offload=true"],
 }
 
 
@@ -52,12 +57,22 @@ def measure(cfg, micro: int, prompt: int, response: int) -> int:  # noqa: ANN001
     from alignctl.models.forward import compute_log_probs
     from alignctl.workers.device import autocast, float32_output_head
 
+    arr = cfg.actor_rollout_ref
+    offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model = AutoModelForCausalLM.from_pretrained(cfg.actor_rollout_ref.model.path, dtype=torch.float32).cuda()
-    reference = copy.deepcopy(model).requires_grad_(False)
-    if cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
+    model = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32)
+    reference = copy.deepcopy(model).requires_grad_(False)  # parked: stays in CPU memory
+    if not arr.ref.fsdp_config.param_offload:
+        reference = reference.cuda()
+    if not offload:
+        model = model.cuda()  # CPUOffloadPolicy keeps the shards on the CPU and moves them per unit
+    if arr.model.enable_gradient_checkpointing:
         enable_activation_checkpointing(model)
+    if arr.actor.strategy == "fsdp2":
+        from alignctl.workers.strategy import FSDP2Engine
+
+        FSDP2Engine(model, 1, offload=offload)
     if cfg.trainer.precision == "bf16":
         float32_output_head(model, "cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -74,6 +89,19 @@ def measure(cfg, micro: int, prompt: int, response: int) -> int:  # noqa: ANN001
     return peak
 
 
+def one_process_group() -> None:
+    """fully_shard needs a process group and a device mesh: a world of one over NCCL."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a Hugging Face causal LM folder")
@@ -85,6 +113,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("plan_vs_measured needs a CUDA GPU (torch.cuda.max_memory_allocated); none is visible")
     from alignctl.plan import make_plan
+
+    if any(CONFIGS[name] and "strategy=fsdp2" in CONFIGS[name][0] for name in args.configs):
+        one_process_group()
 
     print(f"{'config':10} {'planned GiB':>12} {'measured GiB':>13} {'planned/measured':>17}")
     for name in args.configs:

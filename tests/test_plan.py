@@ -229,6 +229,36 @@ def test_parked_reference_and_reward_model_count_only_in_their_pass(tiny: dict[s
     assert not any("offload" in text for text, _ in cpu_changes)
 
 
+def test_roles_on_their_own_pools_are_sized_for_that_pool_and_peak_apart(tiny: dict[str, Path]) -> None:
+    """Placement (trainer.pools / trainer.placement): the critic on a pool of its own is sharded over
+    that pool's 4 workers while the actor's 2 workers hold halves; its devices are not the actor's, so
+    each pool's peak is its own roles' resident sum plus their largest phase, and the plan's peak is
+    the larger of the two (hand-computed from the single-pool parts)."""
+    from alignctl.plan import make_plan
+
+    gpu = ["trainer.device=cuda", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
+           "critic.strategy=fsdp2"]
+    shared, _ = make_plan(_cfg(tiny, *gpu), device_memory=2**30)
+    apart, changes = make_plan(_cfg(tiny, *gpu, "trainer.pools.critic_pool.workers_per_node=4",
+                                    "trainer.placement.critic=critic_pool"), device_memory=2**30)
+    assert [(p.name, p.world, [r.name for r in p.roles]) for p in apart.pools] == [
+        ("global_pool", 2, ["actor"]), ("critic_pool", 4, ["critic"])]
+    actor, critic = apart.roles
+    assert actor.resident == shared.roles[0].resident
+    assert critic.resident["optimizer"] == shared.roles[1].resident["optimizer"] // 2  # 4 shards, not 2
+    for pool in apart.pools:
+        (role,) = pool.roles
+        assert pool.peak == role.resident_total + max(role.phase_totals().values())
+    assert apart.peak == max(p.peak for p in apart.pools) < shared.peak
+    assert apart.peak_phase.startswith(max(apart.pools, key=lambda p: p.peak).name + ": ")
+    # Sharing one pool, the plan suggests the critic's own pool (as large as the shared one), with its peak.
+    _, shared_changes = make_plan(_cfg(tiny, *gpu), device_memory=2**30)
+    own = [(text, peak) for text, peak in shared_changes if "trainer.placement.critic=critic_pool" in text]
+    assert own and own[0][1] < shared.peak, shared_changes
+    assert make_plan(_cfg(tiny, *gpu, *own[0][0].split()), device_memory=2**30)[0].peak == own[0][1]
+    assert not any("trainer.placement.critic" in text for text, _ in changes)  # already apart
+
+
 def test_a_plan_that_does_not_fit_names_a_change_that_does(tiny: dict[str, Path]) -> None:
     from alignctl.errors import UserError
     from alignctl.plan import check_fits, make_plan
@@ -283,3 +313,25 @@ def test_ppo_refuses_a_model_that_cannot_fit_before_anything_loads(tiny: dict[st
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "plan: the run needs about" in lines[0] and "--no-preflight" in lines[0], out.stderr
     assert elapsed < 10 and not (tmp_path / "run").exists()
+
+
+def test_the_gpu_check_configs_load_and_plan_here(tiny: dict[str, Path]) -> None:
+    """benchmarks/plan_vs_measured.py is the GPU measurement of issue 22 (ddp, fsdp2 + checkpointing,
+    fsdp2 + offload); on CPU its configs must still load and plan, and the script must say it needs
+    a GPU instead of failing later."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import plan_vs_measured as bench
+
+    from alignctl.plan import make_plan
+
+    actor = {}
+    for name, extra in bench.CONFIGS.items():
+        plan, _ = make_plan(bench.rl_config(str(tiny["model"]), 8, 160, 40, extra), device_memory=80 * 2**30)
+        actor[name] = plan.roles[0]
+    assert {"ddp", "fsdp2_ckpt", "fsdp2_offload"} <= set(actor)
+    assert actor["fsdp2_offload"].resident_total == 0 < actor["ddp"].resident_total
+    assert actor["fsdp2_ckpt"].phases["update"]["activations"] < actor["ddp"].phases["update"]["activations"]
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, str(Path(bench.__file__)), "--model", str(tiny["model"])],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1 and "needs a CUDA GPU" in out.stderr

@@ -7,9 +7,10 @@ are in :mod:`alignctl.plan.memory`."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from alignctl.config.placement import pool_shapes, role_pools
 from alignctl.config.rl import RLConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
@@ -18,14 +19,30 @@ from alignctl.plan import memory as mem
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+# A plan's role names -> the trainer.placement keys that put them on a pool.
+PLACEMENT_KEY = {"actor": "actor", "critic": "critic", "reward": "rm"}
+
+
 @dataclass
-class Plan:
+class PoolPlan:
+    """The roles that share one pool's devices, and the peak on each of them."""
+
+    name: str
+    world: int  # workers of the pool
     roles: list[mem.RoleMemory]
     peak: int
     peak_phase: str
+
+
+@dataclass
+class Plan:
+    roles: list[mem.RoleMemory]
+    peak: int  # the highest of the pools' peaks
+    peak_phase: str
     device_memory: int | None  # bytes available per device (None: unknown)
     device: str
-    world: int
+    world: int  # workers of the actor's pool
+    pools: list[PoolPlan] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -103,19 +120,22 @@ def training_tokens(micro: int | None, dynamic: bool, budget: int, local_rows: i
 
 
 def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, mem.ModelShape] | None = None) -> Plan:
-    """The plan of ``cfg``; ``device_memory`` in bytes per device (None: detect)."""
+    """The plan of ``cfg``; ``device_memory`` in bytes per device (None: detect). Each role is sized
+    for the world of its own pool (trainer.placement); roles on one pool share its devices, so the
+    peak is taken per pool."""
     arr = cfg.actor_rollout_ref
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     device = resolve_device(cfg.trainer.device)
     shapes = shapes or model_shapes(cfg)
+    used = [name for name in ("actor", "critic", "reward") if name in shapes]
+    placement = {name: role_pools(cfg.trainer, (PLACEMENT_KEY[name],))[PLACEMENT_KEY[name]] for name in used}
+    pools = pool_shapes(cfg.trainer, tuple(PLACEMENT_KEY[name] for name in used))
+    world = {name: pools[placement[name]].world_size for name in used}
     p_bytes = DTYPE_BYTES[arr.model.dtype]
     c_bytes = 2 if cfg.trainer.precision == "bf16" or p_bytes == 2 else 4
-    roles = [_actor(cfg, shapes["actor"], world, p_bytes, c_bytes)]
-    if cfg.use_critic:
-        roles.append(_critic(cfg, shapes["critic"], world, p_bytes, c_bytes))
-    if cfg.reward_model.enable:
-        roles.append(_reward(cfg, shapes["reward"], world, p_bytes, c_bytes))
-    available = device_memory if device_memory is not None else detect_device_memory(device, cfg.trainer.n_gpus_per_node)
+    builders = {"actor": _actor, "critic": _critic, "reward": _reward}
+    roles = [builders[name](cfg, shapes[name], world[name], p_bytes, c_bytes) for name in used]
+    workers_per_node = sum(pool.workers_per_node for pool in pools.values())  # on one machine they share its RAM
+    available = device_memory if device_memory is not None else detect_device_memory(device, workers_per_node)
     if arr.rollout.name == "vllm" and available is not None:
         # vLLM takes its fraction of the device for weights and KV cache while it generates, and keeps
         # it between rollouts unless it sleeps (free_cache_engine).
@@ -124,8 +144,14 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
             roles[0].phases["rollout"] = reserve
         else:
             roles[0].phases["rollout"], roles[0].resident = {}, {**roles[0].resident, **reserve}
-    peak, phase = mem.device_peak(roles)
-    return Plan(roles, peak, phase, available, device, world)
+    pool_plans = []
+    for name, pool in pools.items():
+        members = [role for role in roles if placement[role.name] == name]
+        peak, phase = mem.device_peak(members)
+        pool_plans.append(PoolPlan(name, pool.world_size, members, peak, phase))
+    worst = max(pool_plans, key=lambda pool: pool.peak)
+    phase = worst.peak_phase if len(pool_plans) == 1 else f"{worst.name}: {worst.peak_phase}"
+    return Plan(roles, worst.peak, phase, available, device, world["actor"], pool_plans)
 
 
 def _actor(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> mem.RoleMemory:
@@ -244,6 +270,7 @@ def what_ifs(cfg: RLConfig, plan: Plan, shapes: dict[str, mem.ModelShape]) -> li
         options.append(["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"])
     if plan.device == "cuda":
         options.extend(_offload_options(cfg))
+        options.extend(_own_pool_options(cfg, plan))
     options.append([f"trainer.n_gpus_per_node={2 * cfg.trainer.n_gpus_per_node}"])
     current = to_dict(cfg)
     out: list[tuple[str, int]] = []
@@ -273,6 +300,24 @@ def _offload_options(cfg: RLConfig) -> list[list[str]]:
         options.append(["actor_rollout_ref.ref.fsdp_config.param_offload=true"])
     if cfg.reward_model.enable:
         options.append(["reward_model.model.fsdp_config.param_offload=true"])
+    return options
+
+
+def _own_pool_options(cfg: RLConfig, plan: Plan) -> list[list[str]]:
+    """What-ifs that give the critic or the reward model GPUs of their own (a pool as large as the
+    one it shares now, so every batch size still divides), when it shares the fullest pool."""
+    fullest = max(plan.pools, key=lambda pool: pool.peak)
+    if len(fullest.roles) < 2:
+        return []
+    size = pool_shapes(cfg.trainer)[fullest.name]
+    options = []
+    for role in fullest.roles:
+        if role.name == "actor":
+            continue
+        pool = f"{role.name}_pool"
+        options.append([f"trainer.pools.{pool}.nnodes={size.nnodes}",
+                        f"trainer.pools.{pool}.workers_per_node={size.workers_per_node}",
+                        f"trainer.placement.{PLACEMENT_KEY[role.name]}={pool}"])
     return options
 
 

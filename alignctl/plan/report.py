@@ -17,6 +17,8 @@ def plan_record(plan: Plan, changes: list[tuple[str, int]]) -> dict[str, Any]:
     return {"device": plan.device, "workers": plan.world, "device_memory": plan.device_memory,
             "peak": plan.peak, "peak_phase": plan.peak_phase, "fits": plan.fits,
             "roles": {r.name: {"resident": r.resident, "phases": r.phases} for r in plan.roles},
+            "pools": {p.name: {"workers": p.world, "roles": [r.name for r in p.roles], "peak": p.peak,
+                               "peak_phase": p.peak_phase} for p in plan.pools},
             "what_ifs": [{"overrides": text, "peak": peak} for text, peak in changes]}
 
 
@@ -25,17 +27,25 @@ def print_plan(plan: Plan, changes: list[tuple[str, int]]) -> None:
 
     from alignctl.console import console
 
-    table = Table(title=f"memory per {plan.device} worker (GiB), {plan.world} worker(s)")
-    for column in ("role", "part", "kind", "GiB"):
+    pooled = len(plan.pools) > 1
+    workers = ", ".join(f"{p.name} {p.world}" for p in plan.pools) if pooled else str(plan.world)
+    table = Table(title=f"memory per {plan.device} worker (GiB), {workers} worker(s)")
+    for column in (("pool",) if pooled else ()) + ("role", "part", "kind", "GiB"):
         table.add_column(column, justify="right" if column == "GiB" else "left")
-    for role in plan.roles:
-        for part, size in role.resident.items():
-            table.add_row(role.name, part, "resident", gib(size))
-        for phase, parts in role.phases.items():
-            for part, size in parts.items():
-                table.add_row(role.name, part, f"during {phase}", gib(size))
+    for pool in plan.pools:
+        for role in pool.roles:
+            lead = (pool.name,) if pooled else ()
+            for part, size in role.resident.items():
+                table.add_row(*lead, role.name, part, "resident", gib(size))
+            for phase, parts in role.phases.items():
+                for part, size in parts.items():
+                    table.add_row(*lead, role.name, part, f"during {phase}", gib(size))
     out = console
     out.print(table)
+    if pooled:
+        for pool in plan.pools:
+            out.print(f"pool {pool.name} ({'+'.join(r.name for r in pool.roles)}): peak {gib(pool.peak)} GiB "
+                      f"({pool.peak_phase})")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     out.print(f"peak {gib(plan.peak)} GiB (all resident parts + {plan.peak_phase}) of {gib(plan.device_memory)} GiB "
               f"per worker: {verdict}")
