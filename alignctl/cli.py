@@ -97,7 +97,7 @@ def config_reference(
 
 @app.command()
 def preprocess(
-    dataset: Annotated[str, typer.Argument(help="gsm8k | math | hh-rlhf | arith | custom")],
+    dataset: Annotated[str, typer.Argument(help="gsm8k | math | hh-rlhf | arith | tools-arith | custom")],
     overrides: OverridesArg = None,
     input: Annotated[Optional[str], typer.Option("--input", "-i", help="Local file or folder (or hub name for gsm8k).")] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder.")] = None,

@@ -39,14 +39,9 @@ CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a} * {
 
 
 def questions(seed: int, count: int, avoid: set[tuple[int, int]], digits: int = 3) -> list[tuple[int, int]]:
-    rng, out = random.Random(f"tools-arith:{seed}:{count}:{digits}"), []
-    low, high = 10 ** (digits - 1), 10 ** digits - 1
-    while len(out) < count:
-        pair = (rng.randint(low, high), rng.randint(low, high))
-        if pair not in avoid:
-            avoid.add(pair)
-            out.append(pair)
-    return out
+    from alignctl.data.preprocess.tools_arith import draw
+
+    return draw(random.Random(f"tools-arith:{seed}:{count}:{digits}"), count, digits, avoid)
 
 
 def prompt_rows(pairs: list[tuple[int, int]]) -> pd.DataFrame:

@@ -169,3 +169,12 @@ def test_pipeline_file_errors_are_one_line(tmp_path):
     good.write_text(PIPELINE.format(workdir=tmp_path / "w"))
     assert_user_error(run_cli("run", str(good), "nostage.x=1"), "nostage.x=1", "STAGE.key=value")
     assert_user_error(run_cli("run", str(good), "--until", "zzz"), "'zzz'", "no such stage")
+
+
+def test_summary_headline_of_an_sft_stage_without_held_out_data():
+    """The summary shows the held-out loss when there is one, else the training loss before and after
+    (an SFT stage without val_files used to show an empty headline)."""
+    from alignctl.pipeline.summary import headline
+
+    assert headline("sft", {"val/loss": 0.25, "train/loss_end": 0.5}) == "val/loss 0.250"
+    assert headline("sft", {"train/loss_start": 0.85, "train/loss_end": 0.32}) == "train loss 0.850 -> 0.320 (no val_files)"

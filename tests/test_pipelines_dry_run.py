@@ -67,6 +67,10 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "ppo": ("ppo", ["base_model", "data", "reward_model"]),
         "eval": ("eval", ["base_model", "data", "judge", "ppo", "reward_model"]),
     },
+    "tools_arith.yaml": {
+        "base_model": ("import-model", []), "data": ("preprocess", []), "sft": ("sft", ["base_model", "data"]),
+        "grpo": ("grpo", ["data", "sft"]), "eval": ("eval", ["data", "grpo", "sft"]),
+    },
     "gsm8k_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
     "gsm8k_ppo.yaml": {"data": ("preprocess", []), "ppo": ("ppo", ["data"]), "eval": ("eval", ["data", "ppo"])},
     "math_grpo.yaml": {"data": ("preprocess", []), "grpo": ("grpo", ["data"]), "eval": ("eval", ["data", "grpo"])},
@@ -248,3 +252,21 @@ def test_dry_run_names_a_missing_input_of_any_stage(tmp_path: Path, monkeypatch:
     assert result.code == 2
     assert "stage 'data'" in result.stderr and "data/hh-rlhf/harmless-base" in result.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_tools_arith_sft_traces_match_the_rollout_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """SFT tokenizes its traces with the tools the GRPO rollouts offer (else the prompts differ);
+    the data stage writes every file the other stages read, with held-out questions in none of them."""
+    monkeypatch.chdir(REPO_ROOT)
+    spec = load(PIPELINES / "tools_arith.yaml", [f"workdir={tmp_path}"])
+    stages = spec.stages
+    multi_turn = stages["grpo"].config["actor_rollout_ref"]["rollout"]["multi_turn"]
+    assert multi_turn["enable"] and stages["sft"].config["data"]["tools"] == multi_turn["tools"] == ["calculator"]
+    assert stages["grpo"].config["data"]["val_files"] == stages["eval"].config["prompts"].split() == ["${data}/test.parquet"]
+    data = tmp_path / "data"
+    options = [f"tools_arith.{key}={value}" for key, value in stages["data"].config["tools_arith"].items()]
+    assert run_cli("preprocess", "tools-arith", "--out", str(data), *options).code == 0
+    assert _referenced_files(spec, "data") <= {p.name for p in data.glob("*.parquet")}
+    questions = {name: {str(list(p)) for p in pd.read_parquet(data / name)["prompt"]}
+                 for name in ("train.parquet", "test.parquet", "sft_train.parquet")}
+    assert not questions["test.parquet"] & (questions["train.parquet"] | questions["sft_train.parquet"])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from alignctl.config.core import field, section
 from alignctl.errors import UserError
 
-DATASETS = ("gsm8k", "math", "hh-rlhf", "arith", "custom")
+DATASETS = ("gsm8k", "math", "hh-rlhf", "arith", "tools-arith", "custom")
 
 
 @dataclass
@@ -32,6 +32,18 @@ class ArithConfig:
 
 
 @dataclass
+class ToolsArithConfig:
+    """Sizes of the calculator task (multi-digit products, docs/agents.md)."""
+
+    num_train: int = field(2000, help="RL training prompts (train.parquet).")
+    num_test: int = field(200, help="Held-out RL prompts (test.parquet).")
+    num_sft: int = field(500, help="Tool-use traces (sft_train.parquet), on questions of their own.")
+    digits: int = field(3, help="Digits of each operand of the RL and test questions.")
+    sft_digits: int = field(3, help="Digits of each operand of the SFT traces (fewer: the call format on "
+                                    "easier questions).")
+
+
+@dataclass
 class PreprocessConfig:
     """Turn a raw dataset into verl-compatible parquet files."""
 
@@ -50,13 +62,14 @@ class PreprocessConfig:
     kind: str = field("rl", help="custom: which schema the mapped rows follow.",
                       choices=("rl", "preference", "sft"))
     arith: ArithConfig = section(ArithConfig, help="Options of the arith synthetic task.")
+    tools_arith: ToolsArithConfig = section(ToolsArithConfig, help="Options of the tools-arith task.")
 
     def validate(self) -> None:
         if not 0.0 <= self.test_fraction < 1.0:
             raise UserError(f"key 'test_fraction' expected a number in [0, 1), got {self.test_fraction}")
         if self.dataset == "custom" and not self.map_fn:
             raise UserError("preprocess custom: key 'map_fn' is required ('path/to/file.py:function')")
-        if self.dataset not in ("arith",) and self.dataset != "gsm8k" and not self.input:
+        if self.dataset not in ("arith", "tools-arith") and self.dataset != "gsm8k" and not self.input:
             raise UserError(f"preprocess {self.dataset}: key 'input' is required (a local file or folder)")
         if self.max_rows is not None and self.max_rows <= 0:
             raise UserError(f"key 'max_rows' expected a positive integer, got {self.max_rows}")

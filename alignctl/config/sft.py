@@ -54,6 +54,11 @@ class SFTDataConfig:
     max_samples: int | None = field(None, help="Use at most this many training rows (quick runs).")
     apply_chat_template: bool = field(True, help="Turn string prompts/responses into chat messages so the "
                                                  "tokenizer's chat template is applied (needs one).")
+    tools: list[str] = field(default_factory=list, help="Tools presented in every prompt, as the RL stage's "
+                                                        "actor_rollout_ref.rollout.multi_turn.tools does; needed "
+                                                        "when completions are tool-use traces (assistant calls, "
+                                                        "tool messages, final answer), which are then tokenized "
+                                                        "exactly as a multi-turn rollout holds them.")
 
 
 @dataclass
@@ -109,6 +114,12 @@ class SFTConfig:
         check_loop_keys(self.trainer, self.data.max_length, self.optim.lr, self.optim.warmup_ratio)
         if self.data.max_samples is not None and self.data.max_samples <= 0:
             raise UserError(f"key 'data.max_samples' expected a positive integer, got {self.data.max_samples}")
+        if self.data.tools:
+            from alignctl.tools import TOOLS
+
+            for name in self.data.tools:
+                if name not in TOOLS:
+                    raise UserError(f"key 'data.tools': unknown tool {name!r}; expected one of {', '.join(TOOLS)}")
 
 
 def check_model_keys(model: ModelConfig) -> None:

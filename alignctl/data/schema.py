@@ -11,6 +11,9 @@ Three kinds of rows, one per training stage that reads them:
   identical pair carries no preference and only dilutes the loss.
 - ``sft``: TRL's conversational prompt-completion format:
   ``prompt``, ``completion`` ([{role: assistant, content}]), ``data_source``, ``extra_info``.
+  A completion may instead be a tool-use trace: assistant turns that call tools
+  (``<tool_call>{...}</tool_call>``), a ``tool`` message answering each call, and a final
+  assistant answer (see ``alignctl.tools.traces``).
 
 ``extra_info`` is a dict holding at least ``split`` (str) and ``index`` (int). A prompt always
 ends with a user message: that is where generation (or the scored reply) starts. Messages carry
@@ -65,7 +68,7 @@ def _check_str(value: Any, field: str, *, nonempty: bool = True) -> None:
         raise SchemaError(field, "a non-empty string", value)
 
 
-def _check_messages(value: Any, field: str) -> None:
+def _check_messages(value: Any, field: str, roles: tuple[str, ...] = ROLES) -> None:
     if not isinstance(value, list) or not value:
         raise SchemaError(field, "a non-empty list of {role, content} messages", value)
     for i, msg in enumerate(value):
@@ -77,8 +80,8 @@ def _check_messages(value: Any, field: str) -> None:
             raise SchemaError(f"{where}.{extra[0]}", "no such key (messages hold only role, content)",
                               msg[extra[0]])
         role = _require_msg(msg, "role", where)
-        if role not in ROLES:
-            raise SchemaError(f"{where}.role", "one of " + "/".join(ROLES), role)
+        if role not in roles:
+            raise SchemaError(f"{where}.role", "one of " + "/".join(roles), role)
         _check_str(_require_msg(msg, "content", where), f"{where}.content")
 
 
@@ -104,6 +107,21 @@ def _check_reply(row: dict[str, Any], key: str) -> None:
         raise SchemaError(key, "a one-element list [{role: assistant, content}]", value)
     if value[0]["role"] != "assistant":
         raise SchemaError(f"{key}[0].role", "'assistant'", value[0]["role"])
+
+
+def _check_completion(row: dict[str, Any]) -> None:
+    """An SFT completion: the one final reply, or a tool-use trace."""
+    from alignctl.tools.traces import TraceError, check_trace, is_tool_trace
+
+    value = _require(row, "completion")
+    if not is_tool_trace(value):
+        _check_reply(row, "completion")
+        return
+    _check_messages(value, "completion", ("assistant", "tool"))
+    try:
+        check_trace(value)
+    except TraceError as exc:
+        raise SchemaError("completion", f"a tool-use trace ({exc})", value) from None
 
 
 def reply_text(value: Any) -> str | None:
@@ -171,7 +189,7 @@ def check_row(kind: str, row: Any) -> None:
         _check_reply(row, "rejected")
         _check_distinct_replies(row)
     else:
-        _check_reply(row, "completion")
+        _check_completion(row)
     _check_extra_info(row)
 
 

@@ -55,3 +55,15 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+@functools.cache
+def training_checkpointing_key() -> str:
+    """The ``TrainingArguments`` field that turns activation checkpointing on: 5.24 renamed
+    ``gradient_checkpointing`` to ``activation_checkpointing`` (the old one warns)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"

@@ -23,7 +23,10 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
     if kind in ("init-model", "import-model"):
         return f"{metrics.get('num_parameters', 0):,} parameters"
     if kind == "sft":
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/loss", "val/mean_token_accuracy")[:3])
+        held_out = _pick(metrics, "val/loss", "val/mean_token_accuracy")[:3]
+        if held_out or "train/loss_end" not in metrics:
+            return ", ".join(f"{k} {_fmt(v)}" for k, v in held_out)
+        return f"train loss {_fmt(metrics.get('train/loss_start'))} -> {_fmt(metrics['train/loss_end'])} (no val_files)"
     if kind == "train-rm":  # held-out numbers: what the RM will be trusted for
         return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/accuracy", "val/margin_mean")[:2])
     if kind in ("ppo", "grpo"):

@@ -22,7 +22,7 @@ from alignctl.config.sft import SFTConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.trainers import sft_common as common
-from alignctl.trainers.sft_data import to_prompt_completion
+from alignctl.trainers.sft_data import has_tool_traces, to_prompt_completion, to_trace_ids
 
 if TYPE_CHECKING:
     import datasets
@@ -43,12 +43,29 @@ class SFTResult:
 def load_sft_split(files: list[str], key: str, cfg: SFTConfig, tokenizer: Any) -> datasets.Dataset:
     """Read parquet ``files`` (config key ``key``) into prompt/completion rows."""
     raw = common.read_parquet_files(files, key, "SFT rows (prompt and response)")
+    if has_tool_traces(raw, cfg.data.response_key):
+        return _trace_split(raw, files, cfg, tokenizer)
     chat = cfg.data.apply_chat_template
     ds = to_prompt_completion(raw, cfg.data.prompt_key, cfg.data.response_key, chat=chat, where=", ".join(files))
     if chat and not getattr(tokenizer, "chat_template", None):
         raise UserError(f"model.path '{cfg.model.path}': tokenizer has no chat template; set "
                         "data.apply_chat_template=false to train on plain-text rows")
     return ds
+
+
+def _trace_split(raw: datasets.Dataset, files: list[str], cfg: SFTConfig, tokenizer: Any) -> datasets.Dataset:
+    """Tool-use traces, tokenized as the multi-turn rollout holds them (data.tools in every prompt)."""
+    from alignctl.tools import tool_schemas
+
+    where = ", ".join(files)
+    if not cfg.data.tools:
+        raise UserError(f"{where}: the completions are tool-use traces; set data.tools to the tools the prompts "
+                        f"offer (the RL stage's actor_rollout_ref.rollout.multi_turn.tools, e.g. [calculator])")
+    if not cfg.data.apply_chat_template or not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"{where}: tool-use traces need the model's chat template (data.apply_chat_template=true and "
+                        f"a tokenizer with one)")
+    return to_trace_ids(raw, cfg.data.prompt_key, cfg.data.response_key, tokenizer, tool_schemas(cfg.data.tools),
+                        where=where)
 
 
 def build_sft_trainer(cfg: SFTConfig, tokenizer: Any, train: datasets.Dataset, val: datasets.Dataset | None,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from alignctl.device import cuda_available
 from alignctl.errors import UserError
+from alignctl.models.compat import training_checkpointing_key
 
 if TYPE_CHECKING:  # keep heavy imports out of module import time
     import datasets
@@ -122,7 +123,7 @@ def training_kwargs(cfg: Any, scratch: Path, *, has_eval: bool, max_length: int 
         "save_strategy": "no",
         "report_to": "none",
         "disable_tqdm": True,  # our own progress bar (ProgressBarCallback)
-        "gradient_checkpointing": t.gradient_checkpointing,
+        training_checkpointing_key(): t.gradient_checkpointing,
         "deepspeed": t.deepspeed,
         "fsdp": t.fsdp or "",
         "max_length": max_length,

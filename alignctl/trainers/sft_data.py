@@ -1,7 +1,10 @@
 """Rows of user data -> TRL's prompt-completion format (conversational or plain text).
 
 Accepted inputs, per row: the prompt is chat messages or a string; the response is
-``[{role: assistant, content}]``, a single message dict, or a string. A key ``col.field`` reads a
+``[{role: assistant, content}]``, a single message dict, a string, or a tool-use trace (assistant
+calls, tool messages, final answer). A split holding any trace is tokenized here, each row exactly
+as a multi-turn rollout holds it (``alignctl.tools.traces``), and reaches TRL as ``input_ids`` +
+``completion_mask``. A key ``col.field`` reads a
 field of a dict column (verl's GSM8K RL parquet keeps the worked solution in
 ``extra_info.answer``). Strings become chat messages when the chat template is to be applied, so
 the tokenizer's template renders every row the same way it will render prompts at RL time.
@@ -70,3 +73,42 @@ def to_prompt_completion(ds: datasets.Dataset, prompt_key: str, response_key: st
         prompts.append(prompt)
         completions.append(response)
     return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions})
+
+
+def has_tool_traces(ds: datasets.Dataset, response_key: str) -> bool:
+    from alignctl.tools.traces import is_tool_trace
+
+    column = response_key.partition(".")[0]
+    if column not in ds.column_names:
+        return False
+    return any(is_tool_trace(_lookup(row, response_key)) for row in ds.select_columns([column]))
+
+
+def to_trace_ids(ds: datasets.Dataset, prompt_key: str, response_key: str, tokenizer: Any,
+                 schemas: list[dict[str, Any]], *, where: str) -> datasets.Dataset:
+    """Rows -> ``input_ids`` and ``completion_mask`` (1 on the tokens the model writes: its turns and
+    their stop tokens; 0 on the prompt and on inserted tool turns)."""
+    import datasets
+
+    from alignctl.tools.traces import TraceError, trace_ids
+
+    stop = tokenizer.eos_token_id
+    if stop is None:
+        raise UserError(f"{where}: tool-use traces need a tokenizer with an EOS token (it ends each model turn)")
+    ids, masks = [], []
+    columns = sorted({k.partition(".")[0] for k in (prompt_key, response_key)})
+    for i, row in enumerate(ds.select_columns(columns)):
+        try:
+            prompt, response = _lookup(row, prompt_key), _lookup(row, response_key)
+        except KeyError as exc:
+            raise UserError(f"{where} row {i}: no field {exc.args[0]!r}") from None
+        prompt = as_messages(prompt, "user", True, f"{where} row {i} {prompt_key!r}")
+        if isinstance(response, dict) or isinstance(response, str):
+            response = as_messages(response, "assistant", True, f"{where} row {i} {response_key!r}")
+        try:
+            trace = trace_ids(tokenizer, list(prompt), [dict(m) for m in response], schemas, int(stop))
+        except (TraceError, KeyError, TypeError) as exc:
+            raise UserError(f"{where} row {i} {response_key!r}: not a tool-use trace: {exc}") from None
+        ids.append(trace.prompt + trace.response)
+        masks.append([0] * len(trace.prompt) + trace.loss_mask)
+    return datasets.Dataset.from_dict({"input_ids": ids, "completion_mask": masks})

@@ -23,6 +23,7 @@ PREPROCESSORS: dict[str, str] = {
     "math": "alignctl.data.preprocess.math:build",
     "hh-rlhf": "alignctl.data.preprocess.hh_rlhf:build",
     "arith": "alignctl.data.preprocess.arith:build",
+    "tools-arith": "alignctl.data.preprocess.tools_arith:build",
     "custom": "alignctl.data.preprocess.custom:build",
 }
 

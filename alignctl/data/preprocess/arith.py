@@ -239,10 +239,7 @@ RowFn = Callable[[Problem, random.Random, ArithConfig], dict[str, Any]]
 def build(ctx: Context) -> None:
     cfg, arith = ctx.cfg, ctx.cfg.arith
     check_config(arith)
-    if cfg.input is not None:
-        raise UserError("preprocess arith: key 'input' is not used (the data is generated from 'seed')")
-    if cfg.test_fraction:
-        raise UserError("preprocess arith: key 'test_fraction' is not used; set arith.num_test instead")
+    ctx.refuse_source_keys("arith.num_test")
     rng = random.Random(f"arith-questions:{cfg.seed}")
     test = generate(rng, arith, arith.num_test, set())
     # With disjoint_rl the RL prompts follow the SFT/preference questions in the same stream, so

@@ -62,6 +62,14 @@ class Context:
         self.dropped: Counter[str] = Counter()
         self.files: dict[str, int] = {}
 
+    def refuse_source_keys(self, test_size_key: str) -> None:
+        """A generated dataset (from ``seed``) reads no input and has its own test size."""
+        name = self.cfg.dataset
+        if self.cfg.input is not None:
+            raise UserError(f"preprocess {name}: key 'input' is not used (the data is generated from 'seed')")
+        if self.cfg.test_fraction:
+            raise UserError(f"preprocess {name}: key 'test_fraction' is not used; set {test_size_key} instead")
+
     # ------------------------------------------------------------------ rows
 
     def drop(self, reason: str) -> None:
