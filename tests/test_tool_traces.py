@@ -119,3 +119,20 @@ def test_traces_without_data_tools_get_a_one_line_error(tool_model, tmp_path: Pa
     assert_user_error(run_cli(*args), "sft_train.parquet", "tool-use traces", "data.tools")
     assert_user_error(run_cli(*args, "data.tools=[abacus]"), "data.tools", "abacus")
     assert not (tmp_path / "sft").exists()
+
+
+def test_a_users_malformed_trace_names_the_file_and_row(tool_model, tmp_path: Path):
+    """A user's own SFT file (not written by preprocess, so never schema-checked): the trace that
+    answers one call with two tool messages is refused with its file and row, exit 2, no output."""
+    rows = [{"prompt": [{"role": "user", "content": "What is 12*34?"}],
+             "completion": [{"role": "assistant", "content": CALL}, {"role": "tool", "content": "408"},
+                            {"role": "assistant", "content": "#### 408"}]},
+            {"prompt": [{"role": "user", "content": "What is 12*34?"}],
+             "completion": [{"role": "assistant", "content": CALL}, {"role": "tool", "content": "408"},
+                            {"role": "tool", "content": "409"}, {"role": "assistant", "content": "#### 408"}]}]
+    source = tmp_path / "traces.parquet"
+    pd.DataFrame(rows).to_parquet(source)
+    result = run_cli("sft", f"model.path={tool_model['model']}", f"data.train_files=[{source}]", "data.tools=[calculator]",
+                     "trainer.max_steps=1", f"output_dir={tmp_path / 'sft'}")
+    assert_user_error(result, str(source), "row 1", "1 tool call(s) but 2 tool message(s)")
+    assert not (tmp_path / "sft").exists()

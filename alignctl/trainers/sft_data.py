@@ -103,7 +103,7 @@ def to_trace_ids(ds: datasets.Dataset, prompt_key: str, response_key: str, token
         except KeyError as exc:
             raise UserError(f"{where} row {i}: no field {exc.args[0]!r}") from None
         prompt = as_messages(prompt, "user", True, f"{where} row {i} {prompt_key!r}")
-        if isinstance(response, dict) or isinstance(response, str):
+        if isinstance(response, (dict, str)):
             response = as_messages(response, "assistant", True, f"{where} row {i} {response_key!r}")
         try:
             trace = trace_ids(tokenizer, list(prompt), [dict(m) for m in response], schemas, int(stop))
