@@ -192,7 +192,7 @@ def test_bad_custom_map_fn(tmp_path: Path, case: Case) -> None:
 
 CONFIG_CASES = [
     Case("unknown_dataset", ("preprocess", "nosuch", "--out", "$OUT"),
-         ("'dataset'", "expected one of gsm8k, math, hh-rlhf, arith, custom", "'nosuch'")),
+         ("'dataset'", "expected one of gsm8k, math, hh-rlhf, arith, tools-arith, custom", "'nosuch'")),
     Case("config_file_key_typo",
          ("preprocess", "gsm8k", "--config", "$IN/cfg.yaml", "--input", "$IN/train.jsonl", "--out", "$OUT"),
          ("$IN/cfg.yaml", "unknown config key 'sed'", "did you mean 'seed'?"),
