@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from alignctl.config.placement import pool_shapes, role_pools
+from alignctl.config.placement import pool_shapes
 from alignctl.config.rl import RLConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
@@ -127,7 +127,7 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
     device = resolve_device(cfg.trainer.device)
     shapes = shapes or model_shapes(cfg)
     used = [name for name in ("actor", "critic", "reward") if name in shapes]
-    placement = {name: role_pools(cfg.trainer, (PLACEMENT_KEY[name],))[PLACEMENT_KEY[name]] for name in used}
+    placement = {name: getattr(cfg.trainer.placement, PLACEMENT_KEY[name]) for name in used}
     pools = pool_shapes(cfg.trainer, tuple(PLACEMENT_KEY[name] for name in used))
     world = {name: pools[placement[name]].world_size for name in used}
     p_bytes = DTYPE_BYTES[arr.model.dtype]
