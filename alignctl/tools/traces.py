@@ -72,10 +72,12 @@ def check_trace(completion: list[dict[str, Any]]) -> None:
 
 
 def trace_ids(tokenizer: Any, prompt: list[dict[str, Any]], completion: list[dict[str, Any]],
-              schemas: list[dict[str, Any]], stop_id: int) -> TraceIds:
-    """The ids of ``prompt`` (with the tools of ``schemas``) and of the trace ``completion``."""
+              schemas: list[dict[str, Any]], stop_id: int, turns: ToolTurns | None = None) -> TraceIds:
+    """The ids of ``prompt`` (with the tools of ``schemas``) and of the trace ``completion``.
+    ``turns``: the tokenizer's ToolTurns for ``stop_id``, built once by callers that convert many rows
+    (it renders the template to find the turn closing)."""
     check_trace(completion)
-    turns = ToolTurns(tokenizer, (stop_id,))
+    turns = turns or ToolTurns(tokenizer, (stop_id,))
     response: list[int] = []
     mask: list[int] = []
     pending: list[ToolResult] = []

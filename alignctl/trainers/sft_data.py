@@ -90,11 +90,16 @@ def to_trace_ids(ds: datasets.Dataset, prompt_key: str, response_key: str, token
     their stop tokens; 0 on the prompt and on inserted tool turns)."""
     import datasets
 
+    from alignctl.tools.chat import ToolTurns
     from alignctl.tools.traces import TraceError, trace_ids
 
     stop = tokenizer.eos_token_id
     if stop is None:
         raise UserError(f"{where}: tool-use traces need a tokenizer with an EOS token (it ends each model turn)")
+    try:
+        turns = ToolTurns(tokenizer, (int(stop),))
+    except ValueError as exc:
+        raise UserError(f"{where}: tool-use traces: {exc}") from None
     ids, masks = [], []
     columns = sorted({k.partition(".")[0] for k in (prompt_key, response_key)})
     for i, row in enumerate(ds.select_columns(columns)):
@@ -106,7 +111,7 @@ def to_trace_ids(ds: datasets.Dataset, prompt_key: str, response_key: str, token
         if isinstance(response, (dict, str)):
             response = as_messages(response, "assistant", True, f"{where} row {i} {response_key!r}")
         try:
-            trace = trace_ids(tokenizer, list(prompt), [dict(m) for m in response], schemas, int(stop))
+            trace = trace_ids(tokenizer, list(prompt), [dict(m) for m in response], schemas, int(stop), turns)
         except (TraceError, KeyError, TypeError) as exc:
             raise UserError(f"{where} row {i} {response_key!r}: not a tool-use trace: {exc}") from None
         ids.append(trace.prompt + trace.response)
