@@ -68,7 +68,10 @@ def test_multi_turn_grpo_steps_and_resume_mid_epoch(tool_model, tmp_path):
 
 def test_multi_turn_ppo_with_a_critic(tool_model, tmp_path):
     run = tmp_path / "ppo"
-    result = _fit(_config(tool_model, run, "algorithm.adv_estimator=gae", "trainer.total_training_steps=2"))
+    # two lanes from the config (each worker holds one prompt here, so one lane decodes at a time)
+    result = _fit(_config(tool_model, run, "algorithm.adv_estimator=gae", "trainer.total_training_steps=2",
+                          "actor_rollout_ref.rollout.multi_turn.lanes=2"))
     rows = read_metrics(run)
     assert result.steps == 2 and all(all_finite(r) for r in rows)
     assert all("critic/vf_loss" in r and r["multi_turn/calls_per_sample"] > 0 for r in rows)
+    assert all(r["multi_turn/tool_wait_s"] >= 0.0 for r in rows)

@@ -172,7 +172,7 @@ def test_tool_turn_ids_are_what_the_template_appends(tool_model):
 # ------------------------------------------------------------------------------ multi-turn rollouts
 
 
-def _rollout(tool_model, max_turns: int = 3, budget: int = 256):
+def _rollout(tool_model, max_turns: int = 3, budget: int = 256, lanes: int = 1):
     from transformers import AutoModelForCausalLM
 
     from alignctl.models.loading import load_tokenizer
@@ -184,7 +184,7 @@ def _rollout(tool_model, max_turns: int = 3, budget: int = 256):
     model = AutoModelForCausalLM.from_pretrained(tool_model["model"])
     engine = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=[tok.eos_token_id])
     rollout = MultiTurnRollout(engine, tok, ["calculator"], max_turns=max_turns, max_response_length=budget,
-                               stop_ids=[tok.eos_token_id])
+                               stop_ids=[tok.eos_token_id], lanes=lanes)
     prompts = [render_prompt(tok, [{"role": "user", "content": q}], tool_schemas(["calculator"])) for q in TRACES]
     return tok, model, rollout, prompts
 
@@ -244,3 +244,75 @@ def test_rollout_log_probs_equal_the_training_forward(tool_model):
             mask = tensors["response_mask"].bool()
             diff = (logp - tensors["rollout_log_probs"]).abs()[mask]
             assert float(diff.max()) < 1e-5, (packed, float(diff.max()))
+
+
+def _timed(rollout, delay) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Record when the engine decodes and when the calculator runs; the calculator first sleeps
+    ``delay()`` seconds (a slow tool: a subprocess, a remote service)."""
+    import dataclasses
+
+    decode_spans, tool_spans = [], []
+    generate, tool = rollout.engine.generate, rollout.tools["calculator"]
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            decode_spans.append((start, time.perf_counter()))
+
+    def slow_calculator(**arguments):
+        start = time.perf_counter()
+        time.sleep(delay())
+        try:
+            return tool.fn(**arguments)
+        finally:
+            tool_spans.append((start, time.perf_counter()))
+
+    rollout.engine.generate = timed_generate
+    rollout.tools["calculator"] = dataclasses.replace(tool, fn=slow_calculator)
+    return decode_spans, tool_spans
+
+
+def _overlapping(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+    return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
+
+
+def test_lanes_decode_while_other_lanes_tools_run_and_change_no_token(tool_model):
+    """Two lanes: the engine decodes one lane while the other lane's (slow) calculator call runs;
+    one lane: decoding waits for every call. The conversations are token for token the same."""
+    from alignctl.rollout.base import SamplingParams
+
+    params = SamplingParams(n=1, greedy=True, max_new_tokens=256)
+    outs = {}
+    for lanes in (1, 2):
+        _, _, rollout, prompts = _rollout(tool_model, lanes=lanes)
+        decode_spans, tool_spans = _timed(rollout, lambda: 0.3)
+        outs[lanes] = rollout.generate(prompts, params)
+        assert len(tool_spans) == 1  # TRACES has one valid calculator call (the others are refused before running)
+        assert _overlapping(decode_spans, tool_spans) == (lanes == 2), lanes
+        # lanes 1: the engine waits out the 0.3 s call
+        wait = outs[lanes].metrics["multi_turn/tool_wait_s"]
+        assert (wait >= 0.3) if lanes == 1 else (wait < outs[1].metrics["multi_turn/tool_wait_s"])
+    one, two = outs[1], outs[2]
+    assert two.responses() == one.responses()
+    assert torch.equal(two.loss_mask, one.loss_mask) and two.finish_reason == one.finish_reason
+    assert two.extras == one.extras
+
+
+def test_a_seeded_rollout_with_lanes_does_not_depend_on_tool_timing(tool_model):
+    """Sampled (temperature 1, n = 2) with three lanes and random tool delays: two runs are equal."""
+    import random
+
+    from alignctl.rollout.base import SamplingParams
+
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=256, seed=11)
+    runs = []
+    for run in range(2):
+        _, _, rollout, prompts = _rollout(tool_model, lanes=3)
+        jitter = random.Random(run)
+        _timed(rollout, lambda: jitter.uniform(0.0, 0.15))
+        runs.append(rollout.generate(prompts, params))
+    assert runs[0].responses() == runs[1].responses()
+    assert torch.equal(runs[0].log_probs, runs[1].log_probs) and torch.equal(runs[0].loss_mask, runs[1].loss_mask)
+    assert runs[0].extras == runs[1].extras

@@ -166,6 +166,10 @@ class MultiTurnConfig:
                                          "limit ends the trajectory).")
     tool_timeout_s: float | None = field(None, gt=0, help="Per-call timeout for every tool (default: each tool's own).")
     max_parallel_tools: int = field(8, ge=1, help="Tool calls run at once (over all trajectories of a turn).")
+    lanes: int = field(1, ge=1, help="Groups of prompts that take turns at the engine: the engine decodes one "
+                                     "group while the tool calls of the others run. 1 decodes each turn as one "
+                                     "batch (best for fast tools such as the calculator); 2-4 keep the engine "
+                                     "busy when tools are slow (a subprocess, a remote service).")
     enable_python_tool: bool = field(False, help="Allow the 'python' tool (runs model-written code in a sandboxed "
                                                  "subprocess; docs/agents.md says what it contains).")
     valid_call_reward: float = field(0.0, help="Added to a trajectory's reward per tool call that ran without error.")

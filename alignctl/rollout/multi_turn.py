@@ -7,10 +7,17 @@ decoded and re-encoded: the decoded text of a turn is used only to find its tool
 training pass sees exactly the ids that were sampled.
 
 Per turn every unfinished trajectory continues from its own ids (``n = 1``; the first turn samples
-the ``n`` responses per prompt); the tool calls of all trajectories of a turn run at once in a
-thread pool, each under its tool's timeout. A trajectory ends when a turn calls no tool (its
-final answer), after ``max_turns`` sampled turns, or when the ids reach ``max_response_length``
-(what is left is cut; finish reason ``length``).
+the ``n`` responses per prompt); tool calls run in a thread pool, each under its tool's timeout. A
+trajectory ends when a turn calls no tool (its final answer), after ``max_turns`` sampled turns, or
+when the ids reach ``max_response_length`` (what is left is cut; finish reason ``length``).
+
+Many trajectories are in flight at once. The prompts are split into ``lanes`` (whole prompt groups,
+fixed by position); the engine decodes one lane's turn while the tool calls of the other lanes run,
+and takes the next lane whose tools are all back. With one lane every turn is decoded as one batch
+and waits for the slowest call of that turn (the best choice for fast tools such as the
+calculator); with slow tools (a subprocess, a remote service) two or more lanes keep the engine
+busy. Each lane's batch and sampling seed depend on its index and turn only, never on which tool
+finished first, so a seeded rollout is the same whatever the tools' timing.
 
 The output keeps the single-turn contract (:class:`RolloutOutput`, prompt-major rows) with
 ``response_mask`` = every real response token (what attention sees) and ``loss_mask`` = the
@@ -19,6 +26,7 @@ sampled ones (what the losses and the reward position use); see workers/sequence
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import time
@@ -58,6 +66,52 @@ class Trajectory:
             self.finish = "length"
 
 
+@dataclass
+class _Lane:
+    """Whole prompt groups decoded together, turn after turn; lanes take turns at the engine."""
+
+    index: int
+    prompts: list[list[int]]
+    trajs: list[Trajectory]
+    turn: int = 0
+    calls: dict[int, tuple[Trajectory, list[concurrent.futures.Future[ToolResult]]]] = field(default_factory=dict)
+    submitted: float = 0.0
+    done_at: list[float] = field(default_factory=list)  # appended from tool threads (list.append is atomic)
+
+    def futures(self) -> list[concurrent.futures.Future[ToolResult]]:
+        return [f for _, futures in self.calls.values() for f in futures]
+
+    def tools_done(self) -> bool:
+        return all(f.done() for f in self.futures())
+
+    def mark_done(self, _future: concurrent.futures.Future[ToolResult]) -> None:
+        self.done_at.append(time.perf_counter())
+
+
+@dataclass
+class _Clock:
+    decode_s: float = 0.0  # the engine decoding
+    tools_s: float = 0.0  # per lane, from its calls' start to the last one back, summed
+    wait_s: float = 0.0  # the engine idle, waiting for tools
+
+
+def _split_lanes(prompt_ids: Sequence[Sequence[int]], trajs: list[Trajectory], n: int, lanes: int) -> list[_Lane]:
+    """Contiguous, nearly equal runs of prompts (with their n trajectories each)."""
+    count = max(1, min(lanes, len(prompt_ids)))
+    bounds = [round(k * len(prompt_ids) / count) for k in range(count + 1)]
+    return [_Lane(k, [list(p) for p in prompt_ids[a:b]], trajs[a * n:b * n])
+            for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+
+
+def _turn_seed(seed: int | None, lane: int, turn: int) -> int | None:
+    """The sampling seed of a lane's turn: lane 0 keeps the single-batch seeds (seed, then
+    seed * 7919 + turn), other lanes get their own."""
+    if seed is None:
+        return None
+    base = seed if turn == 0 else seed * 7919 + turn
+    return base if lane == 0 else (base * 104729 + lane) % (2**63 - 1)
+
+
 class MultiTurnRollout(RolloutEngine):
     """Wraps an engine; ``generate`` runs whole tool-using conversations."""
 
@@ -65,7 +119,7 @@ class MultiTurnRollout(RolloutEngine):
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, tools: list[str], *, max_turns: int,
                  max_response_length: int, stop_ids: Sequence[int], timeout_s: float | None = None,
-                 max_parallel_tools: int = 8) -> None:
+                 max_parallel_tools: int = 8, lanes: int = 1) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.tools = {name: _with_timeout(TOOLS.get(name), timeout_s) for name in tools}
@@ -74,6 +128,7 @@ class MultiTurnRollout(RolloutEngine):
         self.stop_ids = tuple(stop_ids)
         self.turn_ids = ToolTurns(tokenizer, self.stop_ids)
         self.max_parallel_tools = max_parallel_tools
+        self.lanes = lanes
 
     # the engine's lifecycle, unchanged
     def wake(self) -> None:
@@ -87,30 +142,44 @@ class MultiTurnRollout(RolloutEngine):
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
         trajs = [Trajectory(list(p)) for p in prompt_ids for _ in range(params.n)]
-        timing = {"decode_s": 0.0, "tools_s": 0.0}
-        with concurrent.futures.ThreadPoolExecutor(self.max_parallel_tools) as pool:
-            for turn in range(self.max_turns):
-                active = [t for t in trajs if not t.finish]
-                if not active:
-                    break
+        lanes = _split_lanes(prompt_ids, trajs, params.n, self.lanes)
+        clock = _Clock()
+        with concurrent.futures.ThreadPoolExecutor(self.max_parallel_tools) as pool, \
+                concurrent.futures.ThreadPoolExecutor(self.max_parallel_tools) as waiters:
+            ready, waiting = collections.deque(lanes), []
+            while ready or waiting:
+                for lane in [lane for lane in waiting if lane.tools_done()]:  # back from its tools
+                    waiting.remove(lane)
+                    clock.tools_s += self._insert_results(lane)
+                    ready.append(lane)
+                if not ready:  # the engine would idle: wait for a call to come back
+                    start = time.perf_counter()
+                    concurrent.futures.wait([f for lane in waiting for f in lane.futures() if not f.done()],
+                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    clock.wait_s += time.perf_counter() - start
+                    continue
+                lane = ready.popleft()
+                active = [t for t in lane.trajs if not t.finish]
+                if not active or lane.turn == self.max_turns:
+                    continue
                 start = time.perf_counter()
-                self._sample_turn(active, prompt_ids, params, turn)
-                timing["decode_s"] += time.perf_counter() - start
-                start = time.perf_counter()
-                self._run_tools([t for t in active if not t.finish], pool, last_turn=turn == self.max_turns - 1)
-                timing["tools_s"] += time.perf_counter() - start
+                self._sample_turn(lane, active, params)
+                clock.decode_s += time.perf_counter() - start
+                lane.turn += 1
+                self._submit_tools(lane, [t for t in active if not t.finish], pool, waiters,
+                                   last_turn=lane.turn == self.max_turns)
+                (waiting if lane.calls else ready).append(lane)
         for t in trajs:
             t.finish = t.finish or "stop"
-        return self._output(trajs, params, timing)
+        return self._output(trajs, params, clock)
 
-    def _sample_turn(self, active: list[Trajectory], prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
-                     turn: int) -> None:
-        """One sampled turn for every active trajectory (the first turn draws n per prompt)."""
+    def _sample_turn(self, lane: _Lane, active: list[Trajectory], params: SamplingParams) -> None:
+        """One sampled turn for every active trajectory of a lane (the first turn draws n per prompt)."""
         left = max(self.budget - len(t.ids) for t in active)
-        if turn == 0:
-            out = self.engine.generate(prompt_ids, dataclasses.replace(params, max_new_tokens=left))
+        seed = _turn_seed(params.seed, lane.index, lane.turn)
+        if lane.turn == 0:
+            out = self.engine.generate(lane.prompts, dataclasses.replace(params, max_new_tokens=left, seed=seed))
         else:
-            seed = None if params.seed is None else params.seed * 7919 + turn
             out = self.engine.generate([t.prompt + t.ids for t in active],
                                        dataclasses.replace(params, n=1, max_new_tokens=left, seed=seed))
         responses = out.responses()
@@ -122,26 +191,35 @@ class MultiTurnRollout(RolloutEngine):
             if out.finish_reason[i] == "length":
                 t.finish = "length"
 
-    def _run_tools(self, trajs: list[Trajectory], pool: concurrent.futures.Executor, *, last_turn: bool) -> None:
-        """Parse each trajectory's last turn; run its calls (all trajectories at once); insert the
-        tool messages. A turn without calls is the final answer."""
-        jobs: dict[int, list[concurrent.futures.Future[ToolResult]]] = {}
-        with concurrent.futures.ThreadPoolExecutor(max(1, self.max_parallel_tools)) as waiters:
-            for k, t in enumerate(trajs):
-                calls = parse_tool_calls(self._last_turn_text(t))
-                if not calls or last_turn:
-                    t.finish = "stop"
-                    continue
-                jobs[k] = [waiters.submit(self._call, c.name, c.arguments, c.error, pool) for c in calls]
-            for k, futures in jobs.items():
-                t, results = trajs[k], [f.result() for f in futures]
-                for r in results:
-                    t.calls[r.name or "<malformed>"] += 1
-                    t.valid_calls += int(r.ok)
-                    if not r.ok:
-                        t.errors[r.error] += 1
-                t.add(self.turn_ids.ids(results), False)
-                t.cut(self.budget)
+    def _submit_tools(self, lane: _Lane, trajs: list[Trajectory], pool: concurrent.futures.Executor,
+                      waiters: concurrent.futures.Executor, *, last_turn: bool) -> None:
+        """Parse each trajectory's last turn and start its calls; a turn without calls (or the last
+        allowed turn) is the final answer. The calls run while the engine decodes other lanes."""
+        lane.calls, lane.submitted, lane.done_at = {}, time.perf_counter(), []
+        for t in trajs:
+            calls = parse_tool_calls(self._last_turn_text(t))
+            if not calls or last_turn:
+                t.finish = "stop"
+                continue
+            futures = [waiters.submit(self._call, c.name, c.arguments, c.error, pool) for c in calls]
+            for f in futures:
+                f.add_done_callback(lane.mark_done)
+            lane.calls[id(t)] = (t, futures)
+
+    def _insert_results(self, lane: _Lane) -> float:
+        """Record the finished calls of a lane and append the template's tool-turn ids (on the
+        calling thread: the tokenizer is not shared across threads). Returns the lane's tool seconds."""
+        for t, futures in lane.calls.values():
+            results = [f.result() for f in futures]
+            for r in results:
+                t.calls[r.name or "<malformed>"] += 1
+                t.valid_calls += int(r.ok)
+                if not r.ok:
+                    t.errors[r.error] += 1
+            t.add(self.turn_ids.ids(results), False)
+            t.cut(self.budget)
+        lane.calls = {}
+        return max(lane.done_at, default=lane.submitted) - lane.submitted
 
     def _call(self, name: str, arguments: Any, parse_error: str, pool: concurrent.futures.Executor) -> ToolResult:
         if parse_error:
@@ -154,9 +232,10 @@ class MultiTurnRollout(RolloutEngine):
             start -= 1
         return self.tokenizer.decode(t.ids[start:], skip_special_tokens=True)
 
-    def _output(self, trajs: list[Trajectory], params: SamplingParams, timing: dict[str, float]) -> RolloutOutput:
+    def _output(self, trajs: list[Trajectory], params: SamplingParams, clock: _Clock) -> RolloutOutput:
         pad = getattr(self.engine, "pad_token_id", 0)
-        metrics = {"multi_turn/decode_s": timing["decode_s"], "multi_turn/tools_s": timing["tools_s"]}
+        metrics = {"multi_turn/decode_s": clock.decode_s, "multi_turn/tools_s": clock.tools_s,
+                   "multi_turn/tool_wait_s": clock.wait_s}
         out = RolloutOutput.from_ragged([t.ids for t in trajs], [t.logps for t in trajs] if params.logprobs else None,
                                         [t.finish for t in trajs], params.n, pad, metrics)
         width = out.response_ids.shape[1]

@@ -46,7 +46,7 @@ class ActorRolloutRefWorker:
             self.rollout = MultiTurnRollout(self.rollout, self.tokenizer, mt.tools, max_turns=mt.max_turns,
                                             max_response_length=self.cfg.data.max_response_length,
                                             stop_ids=self.policy.eos_ids, timeout_s=mt.tool_timeout_s,
-                                            max_parallel_tools=mt.max_parallel_tools)
+                                            max_parallel_tools=mt.max_parallel_tools, lanes=mt.lanes)
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
