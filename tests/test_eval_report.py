@@ -77,6 +77,18 @@ def test_read_metrics_from_the_tracker_sink(tmp_path: Path) -> None:
     assert summary["actor/entropy"] == {"first": 2.0, "last": 1.5, "min": 1.5, "max": 2.0, "steps": 2.0}
 
 
+def test_a_multi_turn_run_gets_a_tool_use_panel(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    for step, (turns, calls, valid) in enumerate(((1.2, 0.2, 0.5), (2.0, 1.0, 1.0)), 1):
+        sink.log({"critic/score/mean": 0.5, "multi_turn/turns_mean": turns, "multi_turn/calls_per_sample": calls,
+                  "multi_turn/valid_call_share": valid, "multi_turn/tools_s": 0.01}, step=step)
+    sink.close()
+    panels = dict(panel_series(read_metrics(tmp_path)))
+    assert panels["Tool use (multi-turn)"] == {"multi_turn/turns_mean": [(1.0, 1.2), (2.0, 2.0)],
+                                               "multi_turn/calls_per_sample": [(1.0, 0.2), (2.0, 1.0)],
+                                               "multi_turn/valid_call_share": [(1.0, 0.5), (2.0, 1.0)]}
+
+
 def test_read_metrics_errors_name_the_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="run folder not found"):
         read_metrics(tmp_path / "missing")

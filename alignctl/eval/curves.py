@@ -36,6 +36,9 @@ PANELS = (
     Panel("Response length (tokens)", ("response_length/mean",)),
     Panel("Validation accuracy", pattern=r"^val-core/.+/acc/(mean|best|maj)@\d+$"),
     Panel("Response diversity (monitor)", ("monitor/unique_in_batch", "monitor/dup_in_group")),
+    # multi-turn runs (docs/agents.md): turns and calls per sample, share of calls that ran
+    Panel("Tool use (multi-turn)", ("multi_turn/turns_mean", "multi_turn/calls_per_sample",
+                                    "multi_turn/valid_call_share")),
     # Not drawn as a panel: each alarm's steps are marked on every other panel (plots.training_curves).
     Panel(ALARM_PANEL, pattern=r"^monitor/alarm/.+$"),
 )
