@@ -122,7 +122,12 @@ def check_placement(trainer: Any) -> None:
                             f"{shape.nnodes} nodes; use STRICT_SPREAD, SPREAD or PACK")
 
 
+def pool_size_key(trainer: Any, name: str, default: str = "trainer.nnodes x trainer.n_gpus_per_node") -> str:
+    """The config key that sizes pool ``name`` (for error messages): its ``trainer.pools`` entry,
+    else ``default`` (the pool that the top-level trainer keys size)."""
+    return f"trainer.pools.{name}" if name in trainer.pools else default
+
+
 def pool_key(trainer: Any, role: str) -> str:
-    """The config key that sets the size of ``role``'s pool (for error messages)."""
-    name = getattr(trainer.placement, role)
-    return f"trainer.pools.{name}" if name in trainer.pools else "trainer.nnodes x trainer.n_gpus_per_node"
+    """The config key that sets the size of ``role``'s pool."""
+    return pool_size_key(trainer, getattr(trainer.placement, role))

@@ -76,16 +76,15 @@ class _Lane:
     turn: int = 0
     calls: dict[int, tuple[Trajectory, list[concurrent.futures.Future[ToolResult]]]] = field(default_factory=dict)
     submitted: float = 0.0
-    done_at: list[float] = field(default_factory=list)  # appended from tool threads (list.append is atomic)
+    # when each call of the current turn returned: appended by the call's thread before its future
+    # completes (list.append is atomic), so complete once tools_done() is true
+    done_at: list[float] = field(default_factory=list)
 
     def futures(self) -> list[concurrent.futures.Future[ToolResult]]:
         return [f for _, futures in self.calls.values() for f in futures]
 
     def tools_done(self) -> bool:
         return all(f.done() for f in self.futures())
-
-    def mark_done(self, _future: concurrent.futures.Future[ToolResult]) -> None:
-        self.done_at.append(time.perf_counter())
 
 
 @dataclass
@@ -201,10 +200,8 @@ class MultiTurnRollout(RolloutEngine):
             if not calls or last_turn:
                 t.finish = "stop"
                 continue
-            futures = [waiters.submit(self._call, c.name, c.arguments, c.error, pool) for c in calls]
-            for f in futures:
-                f.add_done_callback(lane.mark_done)
-            lane.calls[id(t)] = (t, futures)
+            lane.calls[id(t)] = (t, [waiters.submit(self._call, c.name, c.arguments, c.error, pool, lane.done_at)
+                                     for c in calls])
 
     def _insert_results(self, lane: _Lane) -> float:
         """Record the finished calls of a lane and append the template's tool-turn ids (on the
@@ -221,10 +218,14 @@ class MultiTurnRollout(RolloutEngine):
         lane.calls = {}
         return max(lane.done_at, default=lane.submitted) - lane.submitted
 
-    def _call(self, name: str, arguments: Any, parse_error: str, pool: concurrent.futures.Executor) -> ToolResult:
+    def _call(self, name: str, arguments: Any, parse_error: str, pool: concurrent.futures.Executor,
+              done_at: list[float]) -> ToolResult:
         if parse_error:
-            return ToolResult(name, f"error: {parse_error}", False, 0.0, "malformed")
-        return run_tool(self.tools.get(name), name, arguments, pool)
+            result = ToolResult(name, f"error: {parse_error}", False, 0.0, "malformed")
+        else:
+            result = run_tool(self.tools.get(name), name, arguments, pool)
+        done_at.append(time.perf_counter())
+        return result
 
     def _last_turn_text(self, t: Trajectory) -> str:
         start = len(t.loss)

@@ -10,7 +10,7 @@ from typing import Any
 import ray
 
 from alignctl.config.core import to_dict
-from alignctl.config.placement import pool_shapes, role_pools
+from alignctl.config.placement import pool_shapes, pool_size_key, role_pools
 from alignctl.console import console
 from alignctl.config.rl import RLConfig
 from alignctl.device import cuda_available, resolve_device
@@ -93,7 +93,8 @@ def run_pools(cfg: RLConfig) -> dict[str, ResourcePool]:
 
 def pool_keys(cfg: RLConfig, pools: dict[str, ResourcePool]) -> dict[str, str]:
     """The config key that sizes each pool (named in errors)."""
-    return {name: f"trainer.pools.{name}" if name in cfg.trainer.pools else "trainer.nnodes" for name in pools}
+    # a pool that does not fit the nodes: the node count is the key to change
+    return {name: pool_size_key(cfg.trainer, name, default="trainer.nnodes") for name in pools}
 
 
 def check_local_fit(cfg: RLConfig, pools: dict[str, ResourcePool] | None = None) -> int:
