@@ -74,10 +74,9 @@ def load_model_and_prompts(args: argparse.Namespace, scratch: Path) -> tuple[Any
 def make_rollout(model: Any, tokenizer: Any, lanes: int, latency: float, budget: int) -> Any:
     from alignctl.rollout.hf_engine import HFRolloutEngine
     from alignctl.rollout.multi_turn import MultiTurnRollout
+    from alignctl.workers.model_setup import eos_ids
 
-    # the stop ids the actor uses: the tokenizer's EOS and the generation config's
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    stop = sorted({tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])} - {None})
+    stop = eos_ids(tokenizer, model)  # the stop ids the actor uses
     engine = HFRolloutEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(stop))
     rollout = MultiTurnRollout(engine, tokenizer, ["calculator"], max_turns=3, max_response_length=budget,
                                stop_ids=stop, lanes=lanes)

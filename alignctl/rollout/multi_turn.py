@@ -74,14 +74,14 @@ class _Lane:
     prompts: list[list[int]]
     trajs: list[Trajectory]
     turn: int = 0
-    calls: dict[int, tuple[Trajectory, list[concurrent.futures.Future[ToolResult]]]] = field(default_factory=dict)
+    calls: list[tuple[Trajectory, list[concurrent.futures.Future[ToolResult]]]] = field(default_factory=list)
     submitted: float = 0.0
     # when each call of the current turn returned: appended by the call's thread before its future
     # completes (list.append is atomic), so complete once tools_done() is true
     done_at: list[float] = field(default_factory=list)
 
     def futures(self) -> list[concurrent.futures.Future[ToolResult]]:
-        return [f for _, futures in self.calls.values() for f in futures]
+        return [f for _, futures in self.calls for f in futures]
 
     def tools_done(self) -> bool:
         return all(f.done() for f in self.futures())
@@ -159,7 +159,7 @@ class MultiTurnRollout(RolloutEngine):
                     continue
                 lane = ready.popleft()
                 active = [t for t in lane.trajs if not t.finish]
-                if not active or lane.turn == self.max_turns:
+                if not active:  # every conversation of the lane ended (the last allowed turn ends them all)
                     continue
                 start = time.perf_counter()
                 self._sample_turn(lane, active, params)
@@ -194,19 +194,19 @@ class MultiTurnRollout(RolloutEngine):
                       waiters: concurrent.futures.Executor, *, last_turn: bool) -> None:
         """Parse each trajectory's last turn and start its calls; a turn without calls (or the last
         allowed turn) is the final answer. The calls run while the engine decodes other lanes."""
-        lane.calls, lane.submitted, lane.done_at = {}, time.perf_counter(), []
+        lane.calls, lane.submitted, lane.done_at = [], time.perf_counter(), []
         for t in trajs:
             calls = parse_tool_calls(self._last_turn_text(t))
             if not calls or last_turn:
                 t.finish = "stop"
                 continue
-            lane.calls[id(t)] = (t, [waiters.submit(self._call, c.name, c.arguments, c.error, pool, lane.done_at)
-                                     for c in calls])
+            lane.calls.append((t, [waiters.submit(self._call, c.name, c.arguments, c.error, pool, lane.done_at)
+                                   for c in calls]))
 
     def _insert_results(self, lane: _Lane) -> float:
         """Record the finished calls of a lane and append the template's tool-turn ids (on the
         calling thread: the tokenizer is not shared across threads). Returns the lane's tool seconds."""
-        for t, futures in lane.calls.values():
+        for t, futures in lane.calls:
             results = [f.result() for f in futures]
             for r in results:
                 t.calls[r.name or "<malformed>"] += 1
@@ -215,7 +215,7 @@ class MultiTurnRollout(RolloutEngine):
                     t.errors[r.error] += 1
             t.add(self.turn_ids.ids(results), False)
             t.cut(self.budget)
-        lane.calls = {}
+        lane.calls = []
         return max(lane.done_at, default=lane.submitted) - lane.submitted
 
     def _call(self, name: str, arguments: Any, parse_error: str, pool: concurrent.futures.Executor,

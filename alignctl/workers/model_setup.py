@@ -76,7 +76,8 @@ class Policy:
                 "tensor_parallel_size": rollout.tensor_model_parallel_size, "enforce_eager": rollout.enforce_eager}
 
 
-def _eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
+def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
+    """The ids that end a response: the tokenizer's EOS and the generation config's."""
     ids = {tokenizer.eos_token_id}
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -185,7 +186,7 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     attach_optimizer(engine, model, arr.actor.optim, total_steps)
     ref_engine, ref_parking = (None, None) if ref is None else _reference_engine(arr, ref, ctx)
     pad_id = int(tokenizer.pad_token_id)
-    return Policy(model, engine, ref_engine, tokenizer, pad_id, _eos_ids(tokenizer, model), lora, ref_parking)
+    return Policy(model, engine, ref_engine, tokenizer, pad_id, eos_ids(tokenizer, model), lora, ref_parking)
 
 
 def save_hf_folder(policy: Policy, path: str, *, is_writer: bool) -> None:
