@@ -278,6 +278,11 @@ def _overlapping(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> 
     return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
 
 
+def _overlap_s(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``spans`` that fall inside [start, end]."""
+    return sum(max(0.0, min(e, end) - max(s, start)) for s, e in spans)
+
+
 def test_lanes_decode_while_other_lanes_tools_run_and_change_no_token(tool_model):
     """Two lanes: the engine decodes one lane while the other lane's (slow) calculator call runs;
     one lane: decoding waits for every call. The conversations are token for token the same."""
@@ -291,9 +296,17 @@ def test_lanes_decode_while_other_lanes_tools_run_and_change_no_token(tool_model
         outs[lanes] = rollout.generate(prompts, params)
         assert len(tool_spans) == 1  # TRACES has one valid calculator call (the others are refused before running)
         assert _overlapping(decode_spans, tool_spans) == (lanes == 2), lanes
-        # lanes 1: the engine waits out the 0.3 s call
+        # The engine idles only for the part of the call it could not fill with decoding: with one lane
+        # it waits out the whole 0.3 s; with two it waits at most the call minus the decoding done
+        # meanwhile. (A bound, not "less than the one-lane wait": how much decoding fits into the call
+        # depends on the machine's load, and under load the other lane's turn can be very short.)
         wait = outs[lanes].metrics["multi_turn/tool_wait_s"]
-        assert (wait >= 0.3) if lanes == 1 else (wait < outs[1].metrics["multi_turn/tool_wait_s"])
+        (tool_start, tool_end), = tool_spans
+        decoded_meanwhile = _overlap_s(decode_spans, tool_start, tool_end)
+        if lanes == 1:
+            assert decoded_meanwhile == 0.0 and wait >= 0.9 * 0.3, wait
+        else:
+            assert wait <= (tool_end - tool_start) - decoded_meanwhile + 0.05, (wait, decoded_meanwhile)
     one, two = outs[1], outs[2]
     assert two.responses() == one.responses()
     assert torch.equal(two.loss_mask, one.loss_mask) and two.finish_reason == one.finish_reason
