@@ -4,7 +4,7 @@
 The monitor is a pure function of the logged metrics, so a replay raises exactly the alarms a live
 run with this code would have raised. Used to check that healthy runs raise none:
 
-    .venv/bin/python scripts/monitor_replay.py work/quickstart/ppo-* work/quickstart/grpo-*
+    .venv/bin/python scripts/monitor_replay.py work/quickstart_tiny/ppo-* work/quickstart_tiny/grpo-*
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ PIPELINE_FILES = [p for p in ALL_FILES if "stages" in read_yaml_mapping(p)]
 
 # name -> (kind, upstream stages), for every pipeline file shipped.
 EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
-    "quickstart.yaml": {
+    "quickstart_tiny.yaml": {
         "data": ("preprocess", []),
         "base_model": ("init-model", ["data"]),
         "sft": ("sft", ["base_model", "data"]),
@@ -54,7 +54,7 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "grpo": ("grpo", ["data", "sft"]),
         "eval": ("eval", ["data", "grpo", "sft"]),
     },
-    "smollm2_quickstart.yaml": {
+    "quickstart.yaml": {
         "base_model": ("import-model", []), "data": ("preprocess", []), "judge_data": ("preprocess", []),
         "sft": ("sft", ["base_model", "data"]), "reward_model": ("train-rm", ["data", "sft"]),
         "judge": ("train-rm", ["data", "judge_data", "sft"]), "grpo": ("grpo", ["data", "sft"]),

@@ -1,7 +1,9 @@
-"""The quickstart pipeline end to end at reduced size (CI), then again: every stage cached, < 10 s.
+"""The tiny-model quickstart pipeline (pipelines/quickstart_tiny.yaml) end to end at reduced size (CI),
+then again: every stage cached, < 10 s.
 
-The full-size run is what the README's main command does; this checks every stage's wiring with
-the same file and only size overrides."""
+The full-size run is `alignctl run pipelines/quickstart_tiny.yaml` (the tiny character-model version of
+the README's main command, which runs pipelines/quickstart.yaml on SmolLM2); this checks every stage's
+wiring with the same file and only size overrides."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ SMALL = [
 def test_quickstart_runs_end_to_end_then_is_fully_cached(tmp_path: Path, capsys):
     import ray
 
-    spec = load(REPO_ROOT / "pipelines" / "quickstart.yaml", [*SMALL, f"workdir={tmp_path / 'work'}"])
+    spec = load(REPO_ROOT / "pipelines" / "quickstart_tiny.yaml", [*SMALL, f"workdir={tmp_path / 'work'}"])
     try:
         first = run_pipeline(spec)
     finally:
@@ -50,7 +52,7 @@ def test_quickstart_runs_end_to_end_then_is_fully_cached(tmp_path: Path, capsys)
     assert "before" in " ".join(by_name["grpo"].metrics) and "after" in " ".join(by_name["grpo"].metrics)
 
     start = time.perf_counter()
-    second = run_pipeline(load(REPO_ROOT / "pipelines" / "quickstart.yaml", [*SMALL, f"workdir={tmp_path / 'work'}"]))
+    second = run_pipeline(load(REPO_ROOT / "pipelines" / "quickstart_tiny.yaml", [*SMALL, f"workdir={tmp_path / 'work'}"]))
     assert time.perf_counter() - start < 10
     assert {o.state for o in second} == {"cached"}
     print_summary(second)

@@ -15,7 +15,8 @@ Files (the test questions never appear in any train file):
 - ``sft_train.parquet`` / ``sft_test.parquet``: the worked answer as the completion, or, for a
   random ``arith.sft_terse_fraction`` of the rows, only the final ``#### N`` (real demonstration
   data mixes both styles, and an RL stage then shows which style the reward favours; see
-  docs/data.md for what GRPO did with it on the quickstart model);
+  docs/data.md for what GRPO did with it on the tiny-model quickstart's model,
+  pipelines/quickstart_tiny.yaml);
 - ``pref_train.parquet`` / ``pref_test.parquet``: chosen = the worked answer, rejected = a
   plausible wrong one (an arithmetic slip, an off-by-one, a wrong operation, or right steps with
   a wrong final number).
