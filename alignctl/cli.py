@@ -390,9 +390,12 @@ def status(
 
 def _preflight(cfg: Any, overwrite: bool) -> None:
     """The one validation pass (files, models, output folder) before anything starts."""
+    from alignctl.config.core import seed_settings
     from alignctl.preflight import preflight
 
     preflight(cfg, overwrite=overwrite)
+    if seeds := seed_settings(cfg):
+        typer.echo(f"seeds: {', '.join(seeds)}")
 
 
 def _interactive() -> bool:

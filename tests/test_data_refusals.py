@@ -479,6 +479,7 @@ def test_train_rm_warns_about_what_the_cheap_audit_finds(tiny_model: Path, tmp_p
     result = run_cli(*args, f"output_dir={tmp_path / 'rm'}")
     assert result.code == 0, result.stderr
     out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "seeds: trainer.seed=0" in out  # the run names the seed it used (issue 16)
     for needle in ("exact duplicate: 2 of 7 pairs (28.6%)", "identical: 1 of 7 pairs",
                    "held out prompt in train: 1 of 7 pairs", "length bias: the chosen reply is longer in 100.0%"):
         assert needle in out, needle

@@ -178,3 +178,11 @@ def test_summary_headline_of_an_sft_stage_without_held_out_data():
 
     assert headline("sft", {"val/loss": 0.25, "train/loss_end": 0.5}) == "val/loss 0.250"
     assert headline("sft", {"train/loss_start": 0.85, "train/loss_end": 0.32}) == "train loss 0.850 -> 0.320 (no val_files)"
+
+
+def test_each_stage_prints_the_seeds_it_runs_with(pipeline):
+    """Issue 16: a run says which seeds produced it (here the two preprocess seeds from the file)."""
+    result = run_cli("run", str(pipeline), "other.seed=7")
+    assert result.code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "data seeds: seed=0" in out and "other seeds: seed=7" in out

@@ -340,6 +340,22 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
+def seed_settings(obj: Any) -> list[str]:
+    """Every seed key of a schema instance as ``dotted.key=value``, in schema order: what a run
+    prints so that a result can be reproduced (the seeds decide init, sampling and data order)."""
+    found: list[str] = []
+
+    def walk(value: Any, prefix: str) -> None:
+        for key, item in value.items():
+            if isinstance(item, dict):
+                walk(item, f"{prefix}{key}.")
+            elif key == "seed" or key.endswith("_seed"):
+                found.append(f"{prefix}{key}={item}")
+
+    walk(to_dict(obj), "")
+    return found
+
+
 def to_yaml(obj: Any) -> str:
     return yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=False)
 

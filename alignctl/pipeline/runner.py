@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alignctl.config.core import to_dict
+from alignctl.config.core import seed_settings, to_dict
 from alignctl.console import console
 from alignctl.errors import UserError
 from alignctl.pipeline.cache import (StageState, artifact_dir, check_workdir, clear, stage_keys, stage_state,
@@ -56,6 +56,8 @@ def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -
     _stage_preflight(spec, name, cfg)  # every input exists now: the full check, before the folder is touched
     clear(folder)  # an incomplete previous attempt (no manifest) is never reused
     console.rule(f"[bold]{name}[/] ({stage.kind})")
+    if seeds := seed_settings(cfg):
+        console.print(f"{name} seeds: {', '.join(seeds)}")
     start = time.perf_counter()
     metrics = STAGE_KINDS[stage.kind].run(cfg)
     seconds = time.perf_counter() - start
