@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -149,6 +150,8 @@ class RLHFTrainer:
                  reward_fn: Callable[..., Any] | None = None, eval_dataset: Any = None) -> None:
         self.config = config
         self.scratch = Path(tempfile.mkdtemp(prefix="alignctl-api-"))
+        # The prompts written for the workers are ours alone: gone with the trainer (or at exit).
+        weakref.finalize(self, shutil.rmtree, self.scratch, ignore_errors=True)
         self.train_files = _dataset_files(train_dataset, self.scratch)
         self.val_files = _dataset_files(eval_dataset, self.scratch / "val", "eval_dataset") if eval_dataset is not None else []
         self.workers = num_gpus or num_workers

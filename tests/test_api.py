@@ -218,3 +218,18 @@ def test_save_model_never_replaces_the_run_it_copies_from(tmp_path):
         with pytest.raises(UserError, match="holds the input"):
             trainer.save_model(target)
     assert _tree(run) == before and _leftovers(run) == []
+
+
+def test_the_trainers_scratch_prompts_go_with_it():
+    """The parquet the API writes for its workers lives in a folder of its own, removed when the
+    trainer is collected (it used to stay in the temp dir forever, one per trainer)."""
+    import gc
+
+    from alignctl import PPOConfig, RLHFTrainer
+
+    trainer = RLHFTrainer(config=PPOConfig(actor_model="unused"), train_dataset=["2 + 2?"])
+    scratch = trainer.scratch
+    assert (scratch / "train.parquet").is_file()
+    del trainer
+    gc.collect()
+    assert not scratch.exists()
