@@ -89,6 +89,19 @@ def test_a_multi_turn_run_gets_a_tool_use_panel(tmp_path: Path) -> None:
                                                "multi_turn/valid_call_share": [(1.0, 0.5), (2.0, 1.0)]}
 
 
+def test_a_strict_rule_run_gets_an_answer_format_panel(tmp_path: Path) -> None:
+    """Issue 16: the share of '#### N' answers is drawn next to the rule score (accuracy), so a
+    policy that learns the format without the answers shows as a gap between the two curves."""
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    for step, (fmt, rule) in enumerate(((0.4, 0.1), (1.0, 0.2)), 1):
+        sink.log({"critic/score/mean": rule, "reward/answer_format/mean": fmt, "reward/rule_score/mean": rule},
+                 step=step)
+    sink.close()
+    panels = dict(panel_series(read_metrics(tmp_path)))
+    assert panels["Answer format and rule score"] == {"reward/answer_format/mean": [(1.0, 0.4), (2.0, 1.0)],
+                                                      "reward/rule_score/mean": [(1.0, 0.1), (2.0, 0.2)]}
+
+
 def test_read_metrics_errors_name_the_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="run folder not found"):
         read_metrics(tmp_path / "missing")

@@ -10,7 +10,7 @@ import pytest
 
 from alignctl.errors import UserError
 from alignctl.rewards import gsm8k
-from alignctl.rewards.registry import default_compute_score, scorer_name
+from alignctl.rewards.registry import answer_format_share, default_compute_score, scorer_name
 
 
 def _test_rows(shared_data: Path) -> list[dict[str, str]]:
@@ -134,3 +134,12 @@ def test_unknown_data_source_is_a_user_error_naming_it_and_the_known_ones() -> N
     message = str(info.value)
     assert "'my/custom-set'" in message and "openai/gsm8k" in message and "arith" in message
     assert "\n" not in message
+
+
+def test_answer_format_share_counts_gsm8k_family_answers_right_or_wrong():
+    """Hand count: of the three arith/gsm8k rows, '#### 2' (right) and '#### 5' (wrong) are in the
+    strict form and the third has no '####' answer -> 2/3; the custom-source row is not counted."""
+    sources = ["arith", "gsm8k", "arith", "my_task"]
+    texts = ["1 + 1 = 2. #### 2", "#### 5", "the answer is 7", "#### 3"]
+    assert answer_format_share(sources, texts) == pytest.approx(2 / 3)
+    assert answer_format_share(["my_task"], ["#### 3"]) is None

@@ -61,6 +61,7 @@ def test_every_estimator_runs_two_steps_with_finite_metrics(assets, tmp_path, es
         assert row["actor/grad_norm"] > 0  # the dense reward gives non-zero advantages
         assert 0 <= row["response_length/mean"] <= 16
         assert row["reward/p10"] <= row["reward/p50"] <= row["reward/p90"]
+        assert 0 <= row["reward/answer_format/mean"] <= 1  # arith prompts: the '#### N' share is logged
     if estimator == "gae":
         assert "critic/vf_loss" in rows[0] and rows[0]["critic/vf_loss"] > 0
     assert (result.policy_dir / "config.json").exists()

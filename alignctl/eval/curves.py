@@ -35,6 +35,9 @@ PANELS = (
     Panel("Entropy", ("actor/entropy",)),
     Panel("Response length (tokens)", ("response_length/mean",)),
     Panel("Validation accuracy", pattern=r"^val-core/.+/acc/(mean|best|maj)@\d+$"),
+    # strict rule rewards (gsm8k, arith): the share of answers in the '#### N' form next to the
+    # rule score, so a format learned without the right number shows as a gap between the two
+    Panel("Answer format and rule score", ("reward/answer_format/mean", "reward/rule_score/mean")),
     Panel("Response diversity (monitor)", ("monitor/unique_in_batch", "monitor/dup_in_group")),
     # multi-turn runs (docs/agents.md): turns and calls per sample, share of calls that ran
     Panel("Tool use (multi-turn)", ("multi_turn/turns_mean", "multi_turn/calls_per_sample",

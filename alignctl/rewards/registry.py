@@ -53,6 +53,17 @@ def default_compute_score(
     return math_scorer.compute_score(solution_str, str(ground_truth), timeout_s=math_timeout_s)
 
 
+def answer_format_share(data_sources: Sequence[str], responses: Sequence[str]) -> float | None:
+    """Share of the responses to GSM8K-family prompts (gsm8k, arith) that end in a parseable
+    ``#### N``, right or wrong: the format curve that the strict reward (format counts only
+    together with correctness) keeps apart from accuracy. None when no prompt is of that family."""
+    from alignctl.rewards.gsm8k import extract_answer
+
+    formatted = [extract_answer(text, "strict") is not None
+                 for source, text in zip(data_sources, responses) if source in GSM8K_SOURCES]
+    return sum(formatted) / len(formatted) if formatted else None
+
+
 def default_vote_keys(data_source: str, responses: Sequence[str], *,
                       math_timeout_s: float | None = None) -> list[Hashable | None]:
     """The final answer each response votes with in maj@k, keyed so that answers the default

@@ -17,6 +17,7 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.loading import last_token_index
 from alignctl.rewards.custom import load_reward_function
 from alignctl.rewards.managers import RewardInputs, build_reward_manager
+from alignctl.rewards.registry import answer_format_share
 
 
 class RewardComputer:
@@ -56,6 +57,8 @@ class RewardComputer:
             scores, metrics = self._rule_scores(batch, texts)
             # the gold signal the monitor compares the reward model's score with (reward hacking)
             metrics["reward/rule_score/mean"] = float(scores.sum(-1).mean())
+            if (share := answer_format_share(batch["data_source"], texts)) is not None:
+                metrics["reward/answer_format/mean"] = share
             scores = scores * (self.rule_weight if use_model else 1.0)
         if self.model_scorer is not None and use_model:
             texts_batch = Batch(lists={"raw_prompt": batch["raw_prompt"], "response_text": texts})
