@@ -171,6 +171,16 @@ def test_pipeline_file_errors_are_one_line(tmp_path):
     assert_user_error(run_cli("run", str(good), "--until", "zzz"), "'zzz'", "no such stage")
 
 
+def test_summary_headline_of_a_reward_model_lists_its_groups():
+    """A train-rm headline shows held-out accuracy and margin, then the accuracy of each data.group_key value."""
+    from alignctl.pipeline.summary import headline
+
+    metrics = {"val/accuracy": 0.75, "val/margin_mean": 1.5, "val/loss": 0.4, "val/accuracy/slip": 0.5,
+               "val/pairs/slip": 10.0, "val/accuracy/wrong_final": 1.0}
+    assert headline("train-rm", metrics) == "val/accuracy 0.750, val/margin_mean 1.500 (by group: slip 0.500, wrong_final 1.000)"
+    assert headline("train-rm", {"val/accuracy": 0.75}) == "val/accuracy 0.750"
+
+
 def test_summary_headline_of_an_sft_stage_without_held_out_data():
     """The summary shows the held-out loss when there is one, else the training loss before and after
     (an SFT stage without val_files used to show an empty headline)."""

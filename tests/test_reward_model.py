@@ -73,6 +73,18 @@ def test_calibration_table_hand_computed() -> None:
     assert math.isnan(calibration_table(chosen, rejected, [100.0])[1].accuracy)        # empty bucket
 
 
+def test_accuracy_by_group_hand_computed() -> None:
+    from alignctl.trainers.rm_metrics import accuracy_by_group
+
+    chosen = torch.tensor([1.0, 0.0, 2.0, 0.5, 3.0])
+    rejected = torch.tensor([0.0, 1.0, 2.0, 0.0, 1.0])
+    # margins 1, -1, 0 (tie: wrong), 0.5, 2 ; groups b a b a c -> a: 1 of 2 right, b: 1 of 2, c: 1 of 1
+    table = accuracy_by_group(chosen, rejected, ["b", "a", "b", "a", "c"])
+    assert [(g.group, g.count, g.accuracy) for g in table] == [("a", 2, 0.5), ("b", 2, 0.5), ("c", 1, 1.0)]
+    with pytest.raises(ValueError, match="4 group labels for 5 pairs"):
+        accuracy_by_group(chosen, rejected, ["a"] * 4)
+
+
 # -------------------------------------------------------------------------------- data shapes
 
 
@@ -207,6 +219,45 @@ def test_saved_rm_loads_with_auto_classes_and_scores_like_training(small: tuple[
         row = rows.iloc[result.eval_rows[k]]
         assert score(out, list(row.prompt), list(row.chosen)) == pytest.approx(result.eval_chosen[k], abs=1e-4)
         assert score(out, list(row.prompt), list(row.rejected)) == pytest.approx(result.eval_rejected[k], abs=1e-4)
+
+
+def test_group_key_splits_held_out_accuracy_by_rejected_kind(small: tuple[Path, Path], tmp_path: Path) -> None:
+    """val/accuracy/<kind> per arith rejected_kind, recomputed here from the returned scores and the
+    file's own labels (an independent count, not the library's helper)."""
+    from alignctl.trainers.reward_model import run_train_rm
+
+    data, model = small
+    cfg = rm_config(model, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm",
+                    "optim.lr=1e-3", "trainer.micro_batch_size=4", "trainer.total_epochs=1",
+                    "data.group_key=extra_info.rejected_kind")
+    result = run_train_rm(cfg, progress=False)
+    kinds = [info["rejected_kind"] for info in pd.read_parquet(data / "pref_test.parquet").extra_info]
+    expected: dict[str, list[bool]] = {}
+    for row, c, r in zip(result.eval_rows, result.eval_chosen, result.eval_rejected):
+        expected.setdefault(kinds[row], []).append(c > r)
+    assert {g.group: (g.count, g.accuracy) for g in result.groups} == \
+        {k: (len(v), sum(v) / len(v)) for k, v in expected.items()}
+    for kind, right in expected.items():
+        assert result.metrics[f"val/accuracy/{kind}"] == sum(right) / len(right)
+        assert result.metrics[f"val/pairs/{kind}"] == len(right)
+    assert sum(g.count for g in result.groups) == result.metrics["val/pairs"] == 8
+    manifest = json.loads((result.output_dir / "manifest.json").read_text())
+    assert [g["group"] for g in manifest["accuracy_by_group"]] == sorted(expected)
+
+
+def test_group_key_errors_come_before_training(small: tuple[Path, Path], tmp_path: Path) -> None:
+    data, model = small
+    val = data / "pref_test.parquet"
+    msg = _one_line_error(rm_config(model, data / "pref_train.parquet", val, tmp_path / "o", "data.group_key=kind"))
+    assert msg.startswith(f"{val}: data.group_key 'kind': no column 'kind'")
+    msg = _one_line_error(rm_config(model, data / "pref_train.parquet", val, tmp_path / "o",
+                                    "data.group_key=extra_info.nope"))
+    assert msg.startswith(f"{val} row 0: data.group_key 'extra_info.nope': expected a dict in column 'extra_info' "
+                          "with key 'nope'")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(UserError, match="key 'data.group_key' needs held-out pairs"):
+        rm_config(model, data / "pref_train.parquet", None, tmp_path / "o", "data.group_key=x",
+                  "data.val_fraction=0").validate()
 
 
 def test_python_api_trains_and_saves(small: tuple[Path, Path], tmp_path: Path) -> None:

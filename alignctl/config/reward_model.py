@@ -27,6 +27,9 @@ class RMDataConfig:
     max_samples: int | None = field(None, help="Use at most this many training pairs (quick runs).")
     margin_key: str | None = field("margin", help="Column holding a per-pair margin for the Bradley-Terry loss, "
                                                   "used when present (null: never use a margin).")
+    group_key: str | None = field(None, help="Column of the held-out pairs (or 'column.key' inside a dict column, "
+                                             "e.g. extra_info.rejected_kind) whose values split the held-out "
+                                             "accuracy into groups: val/accuracy/<value> per group (null: none).")
 
 
 @dataclass
@@ -57,6 +60,10 @@ class RewardModelConfig:
             raise UserError(f"key 'data.val_fraction' expected a number in [0, 1), got {self.data.val_fraction}")
         if self.data.max_samples is not None and self.data.max_samples <= 0:
             raise UserError(f"key 'data.max_samples' expected a positive integer, got {self.data.max_samples}")
+        if self.data.group_key is not None and not self.data.group_key.strip(".").strip():
+            raise UserError(f"key 'data.group_key' expected a column name (or 'column.key'), got {self.data.group_key!r}")
+        if self.data.group_key is not None and not self.data.val_files and self.data.val_fraction == 0:
+            raise UserError("key 'data.group_key' needs held-out pairs: set data.val_files or data.val_fraction > 0")
         edges = self.calibration_edges
         if any(e <= 0 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
             raise UserError(f"key 'calibration_edges' expected increasing positive numbers, got {edges}")

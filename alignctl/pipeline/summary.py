@@ -28,7 +28,9 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
             return ", ".join(f"{k} {_fmt(v)}" for k, v in held_out)
         return f"train loss {_fmt(metrics.get('train/loss_start'))} -> {_fmt(metrics['train/loss_end'])} (no val_files)"
     if kind == "train-rm":  # held-out numbers: what the RM will be trusted for
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in _pick(metrics, "val/accuracy", "val/margin_mean")[:2])
+        text = ", ".join(f"{k} {_fmt(metrics[k])}" for k in ("val/accuracy", "val/margin_mean") if k in metrics)
+        groups = [(k.removeprefix("val/accuracy/"), v) for k, v in metrics.items() if k.startswith("val/accuracy/")]
+        return text + (" (by group: " + ", ".join(f"{g} {_fmt(v)}" for g, v in groups) + ")" if groups else "")
     if kind in ("ppo", "grpo"):
         return _rl_headline(metrics)
     if kind == "eval":

@@ -29,8 +29,9 @@ from alignctl.config.reward_model import RewardModelConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError, writing
 from alignctl.trainers import sft_common as common
-from alignctl.trainers.rm_data import ROW_COLUMN, to_preference
-from alignctl.trainers.rm_metrics import CalibrationBucket, calibration_table, preference_metrics
+from alignctl.trainers.rm_data import ROW_COLUMN, group_labels, to_preference
+from alignctl.trainers.rm_metrics import (CalibrationBucket, GroupAccuracy, accuracy_by_group, calibration_table,
+                                          preference_metrics)
 
 if TYPE_CHECKING:
     import datasets
@@ -56,6 +57,7 @@ class RMResult:
     eval_chosen: list[float]
     eval_rejected: list[float]
     wall_time_s: float
+    groups: list[GroupAccuracy] = dataclasses.field(default_factory=list)  # held-out accuracy per data.group_key value
 
 
 # ------------------------------------------------------------------------------------ data
@@ -183,6 +185,10 @@ def train_reward_model(cfg: RewardModelConfig, train_raw: datasets.Dataset, val_
             tokenizer = common.load_tokenizer_for_training(cfg.model.path, cfg.model.trust_remote_code)
             train = common.take(_prepare_pairs(train_raw, cfg, tokenizer, train_where), cfg.data.max_samples)
             val = _prepare_pairs(val_raw, cfg, tokenizer, val_where) if val_raw is not None else None
+            # Read before minutes of training, so a wrong key fails at once.
+            labels = (group_labels(val_raw if val_raw is not None else train_raw, cfg.data.group_key,
+                                   val_where if val_raw is not None else train_where)
+                      if cfg.data.group_key else None)
             train, val = _split(train, val, cfg)
             trainer = build_rm_trainer(cfg, tokenizer, train, val, common.staging_dir(cfg.output_dir),
                                        progress=progress)
@@ -192,22 +198,36 @@ def train_reward_model(cfg: RewardModelConfig, train_raw: datasets.Dataset, val_
             metrics.update(_train(trainer))
             eval_metrics, table, scored = _evaluate(trainer, cfg, val is not None)
             metrics.update(eval_metrics)
-            finish = _manifest_writer(cfg, metrics, table, start)
+            groups = _group_table(labels, scored)
+            for g in groups:
+                metrics[f"val/accuracy/{g.group}"], metrics[f"val/pairs/{g.group}"] = g.accuracy, float(g.count)
+            finish = _manifest_writer(cfg, metrics, table, groups, start)
             out = common.save_artifact(trainer, cfg.output_dir, finish)
     finally:
         common.remove_staging(cfg.output_dir)
     rows, chosen, rejected = scored if scored is not None else ([], [], [])
-    return RMResult(out, metrics, table, list(rows), chosen, rejected, time.perf_counter() - start)
+    return RMResult(out, metrics, table, list(rows), chosen, rejected, time.perf_counter() - start, groups)
+
+
+def _group_table(labels: list[str] | None, scored: Any) -> list[GroupAccuracy]:
+    """Held-out accuracy per data.group_key value of the scored pairs (none without a key)."""
+    if labels is None or scored is None:
+        return []
+    rows, chosen, rejected = scored
+    import torch
+
+    return accuracy_by_group(torch.tensor(chosen), torch.tensor(rejected), [labels[r] for r in rows])
 
 
 def _manifest_writer(cfg: RewardModelConfig, metrics: dict[str, float], table: list[CalibrationBucket],
-                     start: float) -> Any:
+                     groups: list[GroupAccuracy], start: float) -> Any:
     from alignctl.pipeline.manifest import write_manifest
 
     def finish(folder: Path) -> None:
         write_manifest(folder, stage=STAGE, config=to_dict(cfg), inputs=common.manifest_inputs(cfg), metrics=metrics,
                        wall_time_s=time.perf_counter() - start,
-                       extra={"calibration": [dataclasses.asdict(b) for b in table]})
+                       extra={"calibration": [dataclasses.asdict(b) for b in table],
+                              "accuracy_by_group": [dataclasses.asdict(g) for g in groups]})
 
     return finish
 
@@ -253,6 +273,9 @@ def print_rm_report(result: RMResult) -> None:
                     ["|margin|", "pairs", "accuracy", "claimed"],
                     [[b.label(), b.count, f"{b.accuracy:.3f}", f"{b.claimed_accuracy:.3f}"]
                      for b in result.calibration])
+    if result.groups:
+        print_table("held-out accuracy by group (data.group_key)", ["group", "pairs", "accuracy"],
+                    [[g.group, g.count, f"{g.accuracy:.3f}"] for g in result.groups])
 
 
 # ------------------------------------------------------------------------------- Python API

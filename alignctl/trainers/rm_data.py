@@ -99,3 +99,23 @@ def to_preference(ds: datasets.Dataset, *, chat: bool, margin_key: str | None, w
             columns["margin"].append(_margin(row[margin_key], f"{where} row {i} {margin_key!r}"))
     _report_identical(identical, len(ds), where)
     return datasets.Dataset.from_dict(columns)
+
+
+def group_labels(ds: datasets.Dataset, key: str, where: str) -> list[str]:
+    """The ``data.group_key`` value of every row as text: ``column`` or ``column.key`` inside a dict
+    column. A missing column, or a row without the key, is an error naming the file and row."""
+    column, _, sub = key.partition(".")
+    if column not in ds.column_names:
+        raise UserError(f"{where}: data.group_key {key!r}: no column {column!r} "
+                        f"(found: {', '.join(ds.column_names) or 'none'})")
+    labels = []
+    for i, value in enumerate(ds[column]):
+        if sub:
+            if not isinstance(value, dict) or value.get(sub) is None:
+                raise UserError(f"{where} row {i}: data.group_key {key!r}: expected a dict in column {column!r} "
+                                f"with key {sub!r}, got {value!r}"[:300])
+            value = value[sub]
+        if value is None:
+            raise UserError(f"{where} row {i}: data.group_key {key!r}: expected a value, got null")
+        labels.append(str(value))
+    return labels

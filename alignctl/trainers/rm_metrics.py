@@ -19,7 +19,7 @@ import torch
 
 from alignctl.algos.bradley_terry import bradley_terry_loss, preference_accuracy
 
-__all__ = ["CalibrationBucket", "calibration_table", "preference_metrics"]
+__all__ = ["CalibrationBucket", "GroupAccuracy", "accuracy_by_group", "calibration_table", "preference_metrics"]
 
 
 def preference_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
@@ -71,4 +71,28 @@ def calibration_table(chosen: torch.Tensor, rejected: torch.Tensor, edges: list[
         accuracy = float((margin[inside] > 0).double().mean())
         claimed = float(torch.sigmoid(size[inside]).mean())
         table.append(CalibrationBucket(low, high, count, accuracy, claimed))
+    return table
+
+
+@dataclass(frozen=True)
+class GroupAccuracy:
+    """Held-out pairs whose group label is ``group`` and the share of them ranked right."""
+
+    group: str
+    count: int
+    accuracy: float
+
+
+def accuracy_by_group(chosen: torch.Tensor, rejected: torch.Tensor, groups: list[str]) -> list[GroupAccuracy]:
+    """Accuracy (ties count as wrong) of the pairs of each group, groups sorted by name.
+
+    One overall number can hide a reward model that has learned only the easy kind of pair (on
+    arith: a final number that disagrees with the worked steps) and guesses on the rest."""
+    if len(groups) != chosen.numel():
+        raise ValueError(f"{len(groups)} group labels for {chosen.numel()} pairs")
+    right = (chosen > rejected).tolist()
+    table = []
+    for name in sorted(set(groups)):
+        members = [ok for ok, g in zip(right, groups) if g == name]
+        table.append(GroupAccuracy(name, len(members), sum(members) / len(members)))
     return table
