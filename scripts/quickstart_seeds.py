@@ -67,6 +67,10 @@ def seed_row(seed: int, wall_s: float | None) -> dict:
     row: dict = {"seed": seed, "workdir": str(workdir(seed).relative_to(ROOT))}
     for label, stage, key in HEADLINES:
         row[label] = manifests.get(stage, {}).get("metrics", {}).get(key)
+    for stage, prefix in (("reward_model", "rm"), ("judge", "judge")):  # accuracy per kind of wrong answer
+        for key, value in manifests.get(stage, {}).get("metrics", {}).items():
+            if key.startswith("val/accuracy/"):
+                row[f"{prefix}_accuracy_{key.removeprefix('val/accuracy/')}"] = value
     for policy in ("grpo", "ppo"):
         if row[f"{policy}_accuracy"] is not None and row["sft_accuracy"] is not None:
             row[f"{policy}_gain_pts"] = round(100 * (row[f"{policy}_accuracy"] - row["sft_accuracy"]), 1)
