@@ -141,6 +141,24 @@ def test_model_against_itself_greedy_is_all_ties(assets: dict[str, Path]) -> Non
     assert res.win_rate == 0.5 and res.win_rate_ci == (0.5, 0.5) and res.lc_win_rate == 0.5
     assert res.mean_reward == res.reference_mean_reward
     assert set(res.accuracy) == {"arith"} and res.accuracy["arith"]["num_prompts"] == 10
+    assert res.rule_win_rate == 0.5 and res.rule_win_rate_ci == (0.5, 0.5)  # same answers: rule ties too
+
+
+def test_rule_win_rate_hand_computed() -> None:
+    """Right beats wrong, anything else ties; prompts without a ground truth are left out."""
+    from alignctl.config.eval import EvalConfig
+    from alignctl.eval.runner import rule_win_fields
+
+    cfg = EvalConfig(num_bootstrap=200)
+    # n = 2: prompt 0: policy [right, wrong] vs reference [wrong, wrong] -> pairs 1, 1, 0.5, 0.5 -> 0.75
+    #        prompt 1: [wrong, wrong] vs [right, right] -> 0 ; prompt 2: no ground truth (skipped)
+    #        prompt 3: [right, right] vs [right, wrong] -> 0.5, 1, 0.5, 1 -> 0.75
+    fields = rule_win_fields([[True, False], [False, False], None, [True, True]],
+                             [[False, False], [True, True], None, [True, False]], cfg)
+    assert fields["rule_win_rate"] == pytest.approx((0.75 + 0.0 + 0.75) / 3, abs=1e-12)
+    low, high = fields["rule_win_rate_ci"]
+    assert 0.0 <= low <= fields["rule_win_rate"] <= high <= 0.75
+    assert rule_win_fields([None, None], [None, None], cfg) == {}
 
 
 def test_model_against_itself_sampled_is_about_half(assets: dict[str, Path]) -> None:
@@ -164,6 +182,16 @@ def test_model_against_itself_sampled_is_about_half(assets: dict[str, Path]) -> 
 def digits_vs_letters(assets: dict[str, Path]) -> EvalResults:
     return evaluate(model=assets["digits"], prompts=assets["data"] / "test.parquet", reward_model=assets["rm"],
                     reference=assets["letters"], n=2, do_sample=True, max_new_tokens=8, num_bootstrap=200)
+
+
+def test_rule_win_rate_matches_the_samples_correctness(digits_vs_letters: EvalResults) -> None:
+    """The rule win rate, recounted from each sample's own correctness flag (ties half)."""
+    pairs = [(1.0 if p["correct"] else 0.0) - (1.0 if r["correct"] else 0.0)
+             for sample in digits_vs_letters.samples for p in sample["policy"] for r in sample["reference"]]
+    assert len(pairs) == 10 * 2 * 2
+    expected = sum(1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in pairs) / len(pairs)
+    assert digits_vs_letters.rule_win_rate == pytest.approx(expected, abs=1e-12)
+    assert digits_vs_letters.headline()["rule_win_rate"] == digits_vs_letters.rule_win_rate
 
 
 def test_reward_model_built_to_prefer_digits(assets: dict[str, Path], digits_vs_letters: EvalResults) -> None:
@@ -296,6 +324,9 @@ def test_run_eval_writes_a_complete_report(report: Report) -> None:
     assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
     md = (out / "report.md").read_text()
     assert "| win rate vs reference (ties ½) | **100.0%**" in md and "![training curves](plots/training_curves.png)" in md
+    # Neither constant model answers an arith question: by the rule every pair is a tie.
+    assert res.rule_win_rate == 0.5 and "| win rate by the rule (right beats wrong, else a tie) | **50.0%**" in md
+    assert "Win rate by the rule (right beats wrong)" in html
     # In markdown the prompt sits in a fence longer than its own backtick run, so it cannot escape.
     assert "````text\n" + HOSTILE + "\n````" in md
 

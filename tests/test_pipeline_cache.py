@@ -181,6 +181,13 @@ def test_summary_headline_of_a_reward_model_lists_its_groups():
     assert headline("train-rm", {"val/accuracy": 0.75}) == "val/accuracy 0.750"
 
 
+def test_summary_headline_of_an_eval_shows_the_rule_win_rate():
+    from alignctl.pipeline.summary import headline
+
+    metrics = {"win_rate": 0.5, "judge_win_rate": 0.455, "rule_win_rate": 0.6225}
+    assert headline("eval", metrics) == "win rate 0.500, judge win rate 0.455, rule win rate 0.623"
+
+
 def test_summary_headline_of_an_sft_stage_without_held_out_data():
     """The summary shows the held-out loss when there is one, else the training loss before and after
     (an SFT stage without val_files used to show an empty headline)."""

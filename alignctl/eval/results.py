@@ -33,6 +33,11 @@ class EvalResults:
     # The same comparison by a second reward model that did not train the policy (judge_model).
     judge_win_rate: float | None = None
     judge_win_rate_ci: tuple[float, float] | None = None
+    # The same comparison judged by the rule scorer on prompts with a ground truth: a right answer
+    # beats a wrong one, anything else ties. What a judge that knew every answer would say, so a
+    # reward-model win rate can be read against it (None without ground truth).
+    rule_win_rate: float | None = None
+    rule_win_rate_ci: tuple[float, float] | None = None
     # Whether reward_model is the one the policy was trained against (from the policy's manifest;
     # None when unknown), and disagreements between the win rate and a gold signal.
     rm_trained_policy: bool | None = None
@@ -71,7 +76,7 @@ class EvalResults:
     def headline(self) -> dict[str, float]:
         """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
         out: dict[str, float] = {"num_prompts": float(self.num_prompts), "n": float(self.n)}
-        for key in ("win_rate", "lc_win_rate", "judge_win_rate", "mean_reward", "reference_mean_reward", "preference_accuracy",
+        for key in ("win_rate", "lc_win_rate", "judge_win_rate", "rule_win_rate", "mean_reward", "reference_mean_reward", "preference_accuracy",
                     "mean_length", "reference_mean_length"):
             value = getattr(self, key)
             if value is not None:
@@ -80,6 +85,8 @@ class EvalResults:
             out["win_rate_ci_low"], out["win_rate_ci_high"] = self.win_rate_ci
         if self.judge_win_rate_ci is not None:
             out["judge_win_rate_ci_low"], out["judge_win_rate_ci_high"] = self.judge_win_rate_ci
+        if self.rule_win_rate_ci is not None:
+            out["rule_win_rate_ci_low"], out["rule_win_rate_ci_high"] = self.rule_win_rate_ci
         out["warnings"] = float(len(self.warnings))
         for prefix, table in (("accuracy", self.accuracy), ("reference_accuracy", self.reference_accuracy)):
             for source, metrics in table.items():

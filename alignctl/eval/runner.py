@@ -123,6 +123,19 @@ def win_rate_fields(policy: np.ndarray, reference: np.ndarray, policy_len: np.nd
     }
 
 
+def rule_win_fields(policy: list[list[bool] | None], reference: list[list[bool] | None],
+                    cfg: EvalConfig) -> dict[str, Any]:
+    """Win rate by the rule scorer (right beats wrong, else a tie) over the prompts both sides could
+    be scored on, with its bootstrap CI; nothing when no prompt has a ground truth."""
+    both = [(p, r) for p, r in zip(policy, reference) if p is not None and r is not None]
+    if not both:
+        return {}
+    scores = stats.win_scores(np.array([p for p, _ in both], dtype=np.float64),
+                              np.array([r for _, r in both], dtype=np.float64))
+    return {"rule_win_rate": float(scores.mean()),
+            "rule_win_rate_ci": stats.bootstrap_ci(scores, num_resamples=cfg.num_bootstrap, seed=cfg.seed)}
+
+
 def reward_fields(rewards: dict[str, np.ndarray]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for role, prefix in (("policy", ""), ("reference", "reference_")):
@@ -173,6 +186,7 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         fields.update(win_rate_fields(rewards["policy"], rewards["reference"], gens["policy"].char_lengths,
                                       gens["reference"].char_lengths, cfg))
     if "reference" in gens:
+        fields.update(rule_win_fields(correct["policy"], correct["reference"], cfg))
         fields["reference_mean_length"] = float(gens["reference"].char_lengths.mean())
         fields["reference_truncated_fraction"] = float(np.mean(gens["reference"].truncated))
         fields["reference_accuracy"] = accuracy["reference"]

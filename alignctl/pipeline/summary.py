@@ -41,6 +41,8 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
         extra = _pick(metrics, "lc_win_rate", "pass@1")
         if metrics.get("judge_win_rate") is not None:
             extra.append(("judge win rate", metrics["judge_win_rate"]))
+        if metrics.get("rule_win_rate") is not None:
+            extra.append(("rule win rate", metrics["rule_win_rate"]))
         warnings = int(metrics.get("warnings") or 0)
         flag = [f"[bold yellow]{warnings} reward-hacking warning{'s' if warnings > 1 else ''} (see report)[/]"] if warnings else []
         return ", ".join([text, *(f"{k} {_fmt(v)}" for k, v in extra), *flag]).strip(", ")
