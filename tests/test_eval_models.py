@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -297,8 +298,9 @@ def report(assets: dict[str, Path]) -> Report:
 def test_run_eval_writes_a_complete_report(report: Report) -> None:
     res, out = report.results, report.out
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == [".alignctl-output", "manifest.json", "plots/reward_histogram.png", "plots/reward_vs_length.png",
-                     "plots/training_curves.png", "report.html", "report.md", "results.json"]
+    assert files == [".alignctl-output", "generations.json", "manifest.json", "plots/reward_histogram.png",
+                     "plots/reward_vs_length.png", "plots/training_curves.png", "report.html", "report.md",
+                     "results.json"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "eval" and manifest["metrics"]["win_rate"] == 1.0
     assert "results.json" in manifest["outputs"]
@@ -329,6 +331,53 @@ def test_run_eval_writes_a_complete_report(report: Report) -> None:
     assert "Win rate by the rule (right beats wrong)" in html
     # In markdown the prompt sits in a fence longer than its own backtick run, so it cannot escape.
     assert "````text\n" + HOSTILE + "\n````" in md
+
+
+def test_reference_responses_are_reused_only_when_everything_matches(assets: dict[str, Path], report: Report,
+                                                                   tmp_path: Path) -> None:
+    """reuse_generations: a second policy against the same reference takes the reference's responses
+    from the earlier output (shown by planting marked texts under the stored fingerprint); a
+    different generation setting or a rewritten weights file means generating them again."""
+    source = tmp_path / "earlier"
+    shutil.copytree(report.out, source)
+    stored = json.loads((source / "generations.json").read_text())
+    assert set(stored) == {"policy", "reference"}
+    assert stored["reference"]["texts"] == [[s["reference"][0]["text"]] for s in report.results.samples]
+    stored["reference"]["texts"] = [[f"planted {i}"] for i in range(len(stored["reference"]["texts"]))]
+    (source / "generations.json").write_text(json.dumps(stored))
+    common = [f"reference={assets['letters']}", f"prompts={report.results.config['prompts']}", "num_bootstrap=200",
+              f"reuse_generations=[{source}]"]
+
+    outs = iter(range(3))
+
+    def run(*extra: str) -> EvalResults:
+        out = f"out={tmp_path / f'eval{next(outs)}'}"
+        return run_eval(load_config(EvalConfig, None, [f"policy={assets['random']}", *common, *extra, out]),
+                        progress=False)
+
+    reused = run("max_new_tokens=8")
+    assert reused.reused_generations == {"reference": str(source)}
+    assert [s["reference"][0]["text"] for s in reused.samples] == [f"planted {i}" for i in range(10)]
+    assert any("reference responses reused from" in note for note in reused.notes)
+    other = run("max_new_tokens=6")  # another setting: another fingerprint
+    assert other.reused_generations == {}
+    assert not any(s["reference"][0]["text"].startswith("planted") for s in other.samples)
+    weights = assets["letters"] / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # as if retrained in place
+    try:
+        assert run("max_new_tokens=8", "seed=0").reused_generations == {}
+    finally:
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_reuse_generations_must_name_existing_folders(assets: dict[str, Path], tmp_path: Path) -> None:
+    from alignctl.preflight import preflight
+
+    cfg = load_config(EvalConfig, None, [f"policy={assets['random']}", f"prompts={assets['data'] / 'test.parquet'}",
+                                         f"reuse_generations=[{tmp_path / 'missing'}]", f"out={tmp_path / 'out'}"])
+    with pytest.raises(UserError, match=r"reuse_generations\[0\] .*missing: no such folder"):
+        preflight(cfg)
 
 
 def test_config_errors_name_the_key(assets: dict[str, Path], tmp_path: Path) -> None:

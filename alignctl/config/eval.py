@@ -36,6 +36,11 @@ class EvalConfig:
     max_prompt_length: int = field(1024, help="Prompts longer than this (in either model's tokens) are skipped "
                                               "and counted.")
     batch_size: int = field(16, help="Prompts per generation batch.")
+    reuse_generations: list[str] = field(default_factory=list, help="Earlier eval output folders whose stored "
+                                         "responses (generations.json) may be reused: a model's responses are taken "
+                                         "from one when the model's weights, the prompts and every generation "
+                                         "setting match, else generated (e.g. a second policy evaluated against the "
+                                         "same reference: reuse_generations: ['${eval_grpo}']).")
     rm_batch_size: int = field(16, help="Sequences per reward-model forward pass.")
     rm_max_length: int | None = field(None, help="Longest prompt+response the reward model scores; longer ones keep "
                                                  "their last tokens and are counted (default: the model's context).")

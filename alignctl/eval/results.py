@@ -72,6 +72,10 @@ class EvalResults:
     config: dict[str, Any] = field(default_factory=dict)
     wall_time_s: float = 0.0
     out_dir: Path | None = None
+    # role -> the earlier eval output its responses were taken from (reuse_generations).
+    reused_generations: dict[str, str] = field(default_factory=dict)
+    # What each model generated, with its fingerprint: written to generations.json, not results.json.
+    generations: dict[str, Any] = field(default_factory=dict)
 
     def headline(self) -> dict[str, float]:
         """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
@@ -110,6 +114,7 @@ class EvalResults:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (non-finite floats become strings, paths strings)."""
         data = dataclasses.asdict(self)
+        del data["generations"]  # written beside results.json, for a later eval's reuse_generations
         data["out_dir"] = str(self.out_dir) if self.out_dir is not None else None
         return jsonable(data)
 

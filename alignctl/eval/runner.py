@@ -13,6 +13,7 @@ Only one model is in memory at a time (policy, then reference, then reward model
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from alignctl.config.core import iter_keys, load_config, to_dict
 from alignctl.config.eval import EvalConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
-from alignctl.eval import stats
+from alignctl.eval import reuse, stats
 from alignctl.eval.accuracy import rule_accuracy
 from alignctl.eval.data import PreferencePair, PromptRow, load_preference_pairs, load_prompt_rows, rows_from_python
 from alignctl.eval.generate import Generations, generate, tokenize_prompts
@@ -54,15 +55,28 @@ def prepare_prompts(cfg: EvalConfig, rows: list[PromptRow]) -> tuple[list[Prompt
 
 
 def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, list[list[int]]], device: str,
-                 progress: bool) -> dict[str, Generations]:
+                 progress: bool) -> tuple[dict[str, Generations], dict[str, str], dict[str, str]]:
+    """Every model's responses (reused from ``cfg.reuse_generations`` when the fingerprint matches),
+    their fingerprints, and role -> the folder reused from."""
+    import dataclasses
+
     from alignctl.rollout import SamplingParams
 
     params = SamplingParams(n=cfg.n, temperature=cfg.temperature if cfg.do_sample else 0.0, top_p=cfg.top_p,
                             top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, greedy=not cfg.do_sample,
                             logprobs=False)
-    return {role: generate(path, tokenizers[role], ids[role], role=role, params=params, batch_size=cfg.batch_size,
-                           seed=cfg.seed, device=device, dtype=cfg.dtype, progress=progress)
-            for role, path in _models(cfg).items()}
+    gens, fingerprints, reused = {}, {}, {}
+    for role, path in _models(cfg).items():
+        settings = {"params": dataclasses.asdict(params), "batch_size": cfg.batch_size, "seed": cfg.seed,
+                    "role": role, "dtype": cfg.dtype, "device": device}
+        fingerprints[role] = reuse.fingerprint(path, ids[role], settings)
+        found = reuse.find(cfg.reuse_generations, fingerprints[role])
+        if found is not None:
+            gens[role], reused[role] = found
+            continue
+        gens[role] = generate(path, tokenizers[role], ids[role], role=role, params=params, batch_size=cfg.batch_size,
+                              seed=cfg.seed, device=device, dtype=cfg.dtype, progress=progress)
+    return gens, fingerprints, reused
 
 
 @contextlib.contextmanager
@@ -172,7 +186,7 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     curves = curve_fields(cfg.run) if cfg.run else {}
     pairs = load_preference_pairs(cfg.preference_data, cfg.max_preference_pairs) if cfg.preference_data else None
     rows, tokenizers, ids, skipped = prepare_prompts(cfg, rows)
-    gens = generate_all(cfg, tokenizers, ids, device, progress)
+    gens, fingerprints, reused = generate_all(cfg, tokenizers, ids, device, progress)
     rewards: dict[str, np.ndarray] = {}
     preference: dict[str, float] = {}
     rm_truncated, normalized = 0, False
@@ -194,6 +208,8 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     if cfg.judge_model and "reference" in gens:
         fields.update(judge_fields(cfg, rows, gens, device, progress))
     fields.update(verdict_fields(cfg, fields, accuracy))
+    fields["notes"] = fields["notes"] + [f"{role} responses reused from {source} (same model, prompts and "
+                                         f"generation settings)" for role, source in reused.items()]
     return EvalResults(
         num_prompts=len(rows), n=cfg.n, **fields,
         rewards_normalized=normalized,
@@ -204,6 +220,7 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         samples=build_samples(rows, gens, rewards, correct),
         skipped_prompts=skipped, rm_truncated=rm_truncated, config=to_dict(cfg),
         wall_time_s=time.perf_counter() - start,
+        reused_generations=reused, generations=reuse.to_json(gens, fingerprints),
     )
 
 
@@ -265,6 +282,8 @@ def write_outputs(results: EvalResults, out: str | os.PathLike[str]) -> None:
     results.out_dir = Path(out).absolute()
     with writing(out), atomic_output_dir(out) as tmp:
         write_report(results, tmp)
+        if results.generations:
+            (Path(tmp) / reuse.FILE).write_text(json.dumps(results.generations), encoding="utf-8")
         cfg = results.config
         inputs = {k: cfg[k] for k in ("policy", "reference", "reward_model", "prompts", "preference_data", "run")
                   if cfg.get(k)}

@@ -118,5 +118,9 @@ def check_eval(cfg: EvalConfig, ctx: Context) -> None:
                       "preference pairs")
     if cfg.run and not ctx.later(cfg.run) and not (Path(cfg.run) / "metrics.jsonl").is_file():
         raise UserError(f"run {cfg.run}: no metrics.jsonl there; expected an RL run folder")
+    for i, source in enumerate(cfg.reuse_generations):
+        if not ctx.later(source) and not Path(source).expanduser().is_dir():
+            raise UserError(f"reuse_generations[{i}] {source}: no such folder; expected an earlier eval output "
+                            f"(its generations.json)")
     _output(cfg.out, "--out", ctx, [cfg.policy, cfg.reference, cfg.reward_model, cfg.judge_model, cfg.prompts,
                                     cfg.preference_data, cfg.run])
