@@ -59,7 +59,7 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "sft": ("sft", ["base_model", "data"]), "reward_model": ("train-rm", ["data", "sft"]),
         "judge": ("train-rm", ["data", "judge_data", "sft"]), "grpo": ("grpo", ["data", "sft"]),
         "ppo": ("ppo", ["data", "reward_model", "sft"]), "eval_grpo": ("eval", ["data", "grpo", "judge", "sft"]),
-        "eval_ppo": ("eval", ["data", "judge", "ppo", "reward_model", "sft"]),
+        "eval_ppo": ("eval", ["data", "eval_grpo", "judge", "ppo", "reward_model", "sft"]),
     },
     "hh_smollm2.yaml": {
         "data": ("preprocess", []), "base_model": ("import-model", []),

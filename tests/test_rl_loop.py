@@ -161,6 +161,63 @@ def test_split_invariance_one_worker_micro8_equals_two_workers_micro2(assets, tm
     assert metrics_one["actor/pg_clipfrac"] > 0  # the perturbed old log-probs make clipping matter
 
 
+def test_reused_rollout_log_probs_replace_the_old_log_prob_pass(assets, tmp_path):
+    """actor.recompute_old_log_prob=false on an off-policy step (two mini-batches): no old-log-prob
+    pass, the old log-probs are the engine's, and step 1 (same seed, same samples) trains as with the
+    recomputed ones: hf in float32 returns the training forward's log-probs up to rounding (the
+    recomputing run logs that gap, which must be tiny)."""
+    runs = {}
+    for recompute in (True, False):
+        cfg = rl_config(assets, tmp_path / str(recompute), "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                        f"actor_rollout_ref.actor.recompute_old_log_prob={str(recompute).lower()}",
+                        "trainer.total_training_steps=1")
+        trainer = RLTrainer(cfg)
+        trainer.fit()
+        runs[recompute] = (read_metrics(tmp_path / str(recompute))[0], trainer.last_batch)
+    (kept, kept_batch), (reused, reused_batch) = runs[True], runs[False]
+    assert "timing_s/old_log_prob" in kept and "timing_s/old_log_prob" not in reused
+    assert kept["rollout/log_prob_diff_max"] < 1e-4 and "rollout/log_prob_diff_max" not in reused
+    assert torch.equal(reused_batch["old_log_probs"], reused_batch["rollout_log_probs"])
+    torch.testing.assert_close(reused_batch["rollout_log_probs"], kept_batch["rollout_log_probs"], rtol=0, atol=0)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert reused[key] == pytest.approx(kept[key], rel=1e-4, abs=1e-7), key
+
+
+def test_critic_freeze_layers_trains_only_the_top_of_the_value_model(assets, tmp_path):
+    """critic.model.freeze_layers=1 on the 2-block tiny model: after a GAE step the checkpointed
+    critic's embeddings and block 0 equal the initial value model's bit for bit, while block 1 and
+    the value head moved (lr 1e-3); the optimizer holds state for the trained tensors only."""
+    import torch.distributed.checkpoint as dcp
+
+    from alignctl.models.loading import load_value_model
+    from alignctl.trainers.checkpoint import checkpoint_root
+
+    cfg = rl_config(assets, tmp_path / "run", "algorithm.adv_estimator=gae", "critic.model.freeze_layers=1",
+                    "trainer.total_training_steps=1", "trainer.save_freq=1")
+    RLTrainer(cfg).fit()
+    initial = load_value_model(assets["model"]).state_dict()
+    state = {"model": {k: torch.empty_like(v) for k, v in initial.items()}}
+    dcp.load(state, checkpoint_id=str(checkpoint_root(tmp_path / "run") / "global_step_1" / "critic" / "dcp"))
+    saved = state["model"]
+    frozen = [k for k in initial if "embed_tokens" in k or ".layers.0." in k]
+    trained = [k for k in initial if ".layers.1." in k or k.startswith("score.")]
+    assert frozen and trained
+    assert all(torch.equal(saved[k], initial[k]) for k in frozen), [k for k in frozen if not torch.equal(saved[k], initial[k])]
+    moved = [k for k in trained if not torch.equal(saved[k], initial[k])]
+    assert len(moved) == len(trained), sorted(set(trained) - set(moved))
+
+
+def test_critic_freeze_layers_beyond_the_model_is_refused_before_ray(assets, tmp_path):
+    from alignctl.errors import UserError
+    from alignctl.preflight import preflight
+
+    cfg = rl_config(assets, tmp_path / "run", "algorithm.adv_estimator=gae", "critic.model.freeze_layers=3")
+    with pytest.raises(UserError, match=r"key 'critic.model.freeze_layers' is 3 but .* has 2 transformer layers"):
+        preflight(cfg)
+    preflight(rl_config(assets, tmp_path / "ok", "algorithm.adv_estimator=gae", "critic.model.freeze_layers=2"))
+    assert not (tmp_path / "run").exists()
+
+
 def _prompt_batch(group: WorkerGroup, assets) -> Batch:
     from alignctl.data.rl_dataset import RLPromptDataset, to_batch
     from alignctl.models.loading import load_tokenizer

@@ -130,6 +130,12 @@ class ActorConfig:
                                choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                         "seq-mean-token-sum-norm"))
     entropy_coeff: float = field(0.0, help="Entropy bonus coefficient.")
+    recompute_old_log_prob: bool = field(True, help="Take the PPO ratio's old log-probs from a separate forward "
+                                                    "pass after generation. false reuses the log-probs the rollout "
+                                                    "engine returned with each sampled token (one forward pass less per "
+                                                    "step; with hf in float32 they equal the recomputed ones to ~1e-6, "
+                                                    "with vllm the ratio also absorbs the engine mismatch). The "
+                                                    "mismatch is logged as rollout/log_prob_diff_* when recomputing.")
     use_kl_loss: bool = field(False, help="Add a KL(actor || ref) loss term (GRPO style).")
     kl_loss_coef: float = field(0.001, ge=0, help="Coefficient of the KL loss.")
     kl_loss_type: str = field("low_var_kl", help="KL estimator of the KL loss (k1, abs, k2/mse, k3/low_var_kl, k1+, k3+).")
@@ -212,6 +218,9 @@ class CriticModelConfig:
     share_prompt: bool = field(True, help="Compute each distinct prompt once per packed row in value forwards "
                                           "(see actor_rollout_ref.model.share_prompt).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward.")
+    freeze_layers: int = field(0, ge=0, help="Freeze the value model's input embeddings and first N transformer "
+                                             "blocks: only the top blocks and the value head train, and backward "
+                                             "stops at block N (a cheaper critic update; docs/models.md).")
     fsdp_config: FSDPConfig = section(FSDPConfig, help="FSDP2 options when critic.strategy=fsdp2.")
 
 

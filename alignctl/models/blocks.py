@@ -18,7 +18,9 @@ import warnings
 
 from torch import nn
 
-__all__ = ["transformer_blocks"]
+from alignctl.errors import UserError
+
+__all__ = ["freeze_bottom_layers", "transformer_blocks"]
 
 
 def _no_split_class_names(model: nn.Module) -> set[str]:
@@ -64,3 +66,22 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
         "found no block list either, so it is treated as one block"
     warnings.warn(f"{type(model).__name__} {what}; {where}", stacklevel=2)
     return found[1] if found else []
+
+
+def freeze_bottom_layers(model: nn.Module, n: int, where: str, key: str = "model.freeze_layers") -> None:
+    """Freeze the input embeddings and the first ``n`` blocks (``model.freeze_layers``).
+
+    Nothing below block ``n`` then requires a gradient, so autograd's backward stops there: a
+    step costs a forward plus the backward of the blocks that train. ``where`` starts the error,
+    ``key`` is the config key it names."""
+    if n == 0:
+        return
+    layers = transformer_blocks(model)
+    if not layers:
+        raise UserError(f"{where}: key '{key}' is {n} but no transformer layers were found in "
+                        f"{type(model).__name__}; set {key}=0")
+    if n > len(layers):
+        raise UserError(f"{where}: key '{key}' is {n} but the model has {len(layers)} layers")
+    for module in (model.get_input_embeddings(), *layers[:n]):
+        for param in module.parameters():
+            param.requires_grad_(False)

@@ -78,3 +78,18 @@ def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal",
     if needs_tokenizer and kind != "tokenizer" and not any(folder.glob("*.gguf")):
         _check_kind(folder, key, "tokenizer")
 
+
+
+def check_layer_count(path: str | None, freeze_layers: int, key: str, ctx: Context) -> None:
+    """``key`` (a ``freeze_layers``) is at most the model's ``num_hidden_layers`` in config.json:
+    said before any worker starts instead of from inside one. Unknown counts pass."""
+    if not freeze_layers or path is None or ctx.later(path):
+        return
+    config_file = Path(path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    layers = config.get("num_hidden_layers", (config.get("text_config") or {}).get("num_hidden_layers"))
+    if isinstance(layers, int) and freeze_layers > layers:
+        raise UserError(f"key '{key}' is {freeze_layers} but {path} has {layers} transformer layers "
+                        f"(config.json num_hidden_layers); expected at most {layers}")

@@ -15,7 +15,7 @@ from alignctl.errors import UserError
 from alignctl.pipeline.ownership import MARKER, check_output_dir, is_empty_dir, is_owned
 from alignctl.preflight.context import Context
 from alignctl.preflight.data import check_rl_prompts
-from alignctl.preflight.models import check_model
+from alignctl.preflight.models import check_layer_count, check_model
 from alignctl.preflight.stages import check_python_function
 from alignctl.trainers.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints
 
@@ -76,6 +76,8 @@ def check_rl(cfg: RLConfig, ctx: Context) -> None:
     check_model(arr.model.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", ctx, "tokenizer")
     if cfg.use_critic:
         check_model(cfg.critic.model.path, "critic.model.path", ctx, "critic")
+        check_layer_count(cfg.critic.model.path or arr.model.path, cfg.critic.model.freeze_layers,
+                          "critic.model.freeze_layers", ctx)
     if cfg.reward_model.enable:
         check_model(cfg.reward_model.model.path, "reward_model.model.path", ctx, "reward",
                     needs_tokenizer=not cfg.reward_model.model.input_tokenizer)

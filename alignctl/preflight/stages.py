@@ -16,7 +16,7 @@ from alignctl.errors import UserError
 from alignctl.pipeline.ownership import check_output_dir
 from alignctl.preflight.context import Context
 from alignctl.preflight.data import PREFERENCE_COLUMNS, check_columns, check_file, refuse_preference_file
-from alignctl.preflight.models import check_model
+from alignctl.preflight.models import check_layer_count, check_model
 
 
 def check_python_function(spec_path: str | None, name: str | None, key: str, ctx: Context) -> None:
@@ -91,6 +91,7 @@ def check_import_model(cfg: ImportModelConfig, ctx: Context) -> None:
 
 def check_sft(cfg: SFTConfig, ctx: Context) -> None:
     check_model(cfg.model.path, "model.path", ctx, "causal", needs_tokenizer=True)
+    check_layer_count(cfg.model.path, cfg.model.freeze_layers, "model.freeze_layers", ctx)
     needed = [cfg.data.prompt_key, cfg.data.response_key]
     check_columns(cfg.data.train_files, "data.train_files", ctx, needed, "SFT rows (prompt and response)")
     check_columns(cfg.data.val_files, "data.val_files", ctx, needed, "SFT rows (prompt and response)")
@@ -99,6 +100,7 @@ def check_sft(cfg: SFTConfig, ctx: Context) -> None:
 
 def check_reward_model(cfg: RewardModelConfig, ctx: Context) -> None:
     check_model(cfg.model.path, "model.path", ctx, "critic", needs_tokenizer=True)  # a causal LM or a reward model
+    check_layer_count(cfg.model.path, cfg.model.freeze_layers, "model.freeze_layers", ctx)
     needed = ["prompt", *PREFERENCE_COLUMNS]
     check_columns(cfg.data.train_files, "data.train_files", ctx, needed, "preference pairs")
     check_columns(cfg.data.val_files, "data.val_files", ctx, needed, "preference pairs")

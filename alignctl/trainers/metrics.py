@@ -61,6 +61,19 @@ def kl_metrics(batch: Batch) -> dict[str, float]:
     return {"actor/reference_kl": float(masked_mean(diff, batch["response_mask"].float()))}
 
 
+def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
+    """How far the rollout engine's log-probs of the sampled tokens are from the recomputed old
+    log-probs (absolute difference over response tokens): near 0 for hf in float32; what the PPO
+    ratio would absorb with ``actor.recompute_old_log_prob=false``. Nothing when they were reused."""
+    if batch.meta.get("old_log_probs_from") != "recomputed" or "rollout_log_probs" not in batch:
+        return {}
+    mask = batch["response_mask"].bool()
+    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max())}
+
+
 class Timer:
     """``with timer("gen"): ...`` accumulates ``timing_s/gen``."""
 

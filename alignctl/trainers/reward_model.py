@@ -96,7 +96,8 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
                                   callbacks=[common.progress_callback(progress, "train-rm")]),
         f"train-rm: model.path '{cfg.model.path}'")
     common.drop_printer_callback(trainer)
-    common.freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"train-rm: model.path '{cfg.model.path}'")
+    from alignctl.models.blocks import freeze_bottom_layers
+    freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"train-rm: model.path '{cfg.model.path}'")
     return trainer
 
 

@@ -29,7 +29,8 @@ from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
 from alignctl.trainers.advantage import compute_advantage
 from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
                                           start_partial, truncate_metrics, write_state)
-from alignctl.trainers.metrics import Timer, data_metrics, kl_metrics, throughput, tool_metrics
+from alignctl.trainers.metrics import (Timer, data_metrics, kl_metrics, rollout_mismatch_metrics, throughput,
+                                      tool_metrics)
 from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
 from alignctl.trainers.validation import validate
 from alignctl.console import console
@@ -86,6 +87,7 @@ class RLTrainer:
             metrics |= self.updates(batch, timer)
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | tool_metrics(batch)
+        metrics |= rollout_mismatch_metrics(batch)
         metrics |= batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.total_workers)
         metrics |= response_diversity(batch["responses"], batch["response_mask"],
@@ -149,15 +151,24 @@ class RLTrainer:
         """Old log-probs (off-policy), reference log-probs (with a KL) and critic values (gae): the
         actor's and the critic's run at once when they live in different pools."""
         inputs = batch.select(LOGP_INPUTS)
+        reuse = not self.on_policy and self.reuses_rollout_log_probs(batch)
+        if reuse:
+            batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
         calls = [Call(name, role, method, inputs) for name, role, method, wanted in (
-            ("old_log_prob", "actor", "compute_log_prob", not self.on_policy),
+            ("old_log_prob", "actor", "compute_log_prob", not self.on_policy and not reuse),
             ("ref", "actor", "compute_ref_log_prob", self.need_ref),
             ("values", "critic", "compute_values", self.cfg.use_critic)) if wanted]
         results, seconds = run_calls(self.workers, calls, concurrent=self.cfg.trainer.concurrent_roles)
         timer.add(seconds)
         for result in results:
             batch = batch.union(result)
+        batch.meta["old_log_probs_from"] = "current" if self.on_policy else "rollout" if reuse else "recomputed"
         return batch
+
+    def reuses_rollout_log_probs(self, batch: Batch) -> bool:
+        """``actor.recompute_old_log_prob=false``: the engine's own log-probs of the sampled tokens
+        serve as the old log-probs (every engine returns them unless asked not to)."""
+        return not self.cfg.actor_rollout_ref.actor.recompute_old_log_prob and "rollout_log_probs" in batch
 
     def updates(self, batch: Batch, timer: Timer) -> dict[str, float]:
         """The critic update, then the actor update (after ``critic_warmup``); at once when the two

@@ -86,7 +86,8 @@ def build_sft_trainer(cfg: SFTConfig, tokenizer: Any, train: datasets.Dataset, v
                                callbacks=[common.progress_callback(progress, "sft")]),
         f"sft: model.path '{cfg.model.path}'")
     common.drop_printer_callback(trainer)
-    common.freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"sft: model.path '{cfg.model.path}'")
+    from alignctl.models.blocks import freeze_bottom_layers
+    freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"sft: model.path '{cfg.model.path}'")
     return trainer
 
 

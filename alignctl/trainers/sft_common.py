@@ -149,27 +149,6 @@ def make_trainer(build: Callable[[], Any], what: str) -> Any:
         raise UserError(f"{what}: {first}") from exc
 
 
-def freeze_bottom_layers(model: Any, n: int, where: str) -> None:
-    """Freeze the input embeddings and the first ``n`` decoder layers (``model.freeze_layers``).
-
-    Nothing below layer ``n`` then requires a gradient, so autograd's backward stops there: a
-    step costs a forward plus the backward of the layers that train."""
-    if n == 0:
-        return
-    from alignctl.models.blocks import transformer_blocks
-
-    layers = transformer_blocks(model)
-    if not layers:
-        raise UserError(f"{where}: key 'model.freeze_layers' is {n} but no transformer layers were found in "
-                        f"{type(model).__name__}; set model.freeze_layers=0")
-    if n > len(layers):
-        raise UserError(f"{where}: key 'model.freeze_layers' is {n} but the model has {len(layers)} layers")
-    frozen = [model.get_input_embeddings(), *layers[:n]]
-    for module in frozen:
-        for param in module.parameters():
-            param.requires_grad_(False)
-
-
 def check_model_folder(path: str, what: str = "model.path") -> None:
     """A local-looking ``model.path`` must be a HF folder; a bare ``org/name`` may be a hub id."""
     from alignctl.models.loading import looks_local

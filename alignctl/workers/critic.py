@@ -13,6 +13,7 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.errors import UserError
 from alignctl.models.attention import resolve_attn_implementation
+from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
@@ -45,6 +46,9 @@ class CriticWorker:
         offload = critic.strategy == "fsdp2" and critic.model.fsdp_config.offload_policy
         if ctx.device == "cuda" and not offload:  # offloaded, fully_shard moves one unit at a time
             model = model.cuda()
+        # Before the engine wraps it: DDP and the optimizer take only the parameters that train.
+        freeze_bottom_layers(model, critic.model.freeze_layers, f"critic.model.path '{critic.model.path or arr.model.path}'",
+                             key="critic.model.freeze_layers")
         if critic.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)
         self.model = model
