@@ -6,7 +6,7 @@ generated in ``generations.json`` with a fingerprint of everything that decides 
 the model's weights files (path, size, modification time), the tokenized prompts, the sampling
 settings, the batch size, the seed and role (they seed each batch), dtype and device. A later eval
 that names that output in ``reuse_generations`` takes a model's responses from it only when the
-fingerprint is the same; otherwise it generates them and says why not in a note.
+fingerprint is the same (and says so in a note); otherwise it generates them as usual.
 """
 
 from __future__ import annotations

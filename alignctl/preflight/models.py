@@ -79,7 +79,6 @@ def check_model(path: str | None, key: str, ctx: Context, kind: Kind = "causal",
         _check_kind(folder, key, "tokenizer")
 
 
-
 def check_layer_count(path: str | None, freeze_layers: int, key: str, ctx: Context) -> None:
     """``key`` (a ``freeze_layers``) is at most the model's ``num_hidden_layers`` in config.json:
     said before any worker starts instead of from inside one. Unknown counts pass."""
