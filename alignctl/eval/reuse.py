@@ -28,7 +28,8 @@ def model_identity(path: str) -> dict[str, Any]:
     written to the same folder gets a different identity."""
     folder = Path(path).expanduser().absolute()
     files = sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES) if folder.is_dir() else []
-    return {"path": str(folder), "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    stats = [(p.name, p.stat()) for p in files]
+    return {"path": str(folder), "weights": [[name, st.st_size, st.st_mtime_ns] for name, st in stats]}
 
 
 def fingerprint(model_path: str, prompt_ids: list[list[int]], settings: dict[str, Any]) -> str:
@@ -42,11 +43,15 @@ def to_json(generations: dict[str, Generations], fingerprints: dict[str, str]) -
                    "truncated": g.truncated} for role, g in generations.items()}
 
 
-def find(sources: list[str], wanted: str) -> tuple[Generations, str] | None:
-    """Generations with fingerprint ``wanted`` from the first source folder that has them."""
-    for source in sources:
-        stored = read(source)
-        for entry in stored.values():
+def read_all(sources: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Each source folder with its ``generations.json``, read once for every model of the eval."""
+    return [(source, read(source)) for source in sources]
+
+
+def find(stored: list[tuple[str, dict[str, Any]]], wanted: str) -> tuple[Generations, str] | None:
+    """Generations with fingerprint ``wanted`` from the first source (of :func:`read_all`) that has them."""
+    for source, entries in stored:
+        for entry in entries.values():
             if entry.get("fingerprint") == wanted:
                 return Generations(entry["texts"], entry["token_lengths"], entry["truncated"]), source
     return None

@@ -65,12 +65,13 @@ def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, lis
     params = SamplingParams(n=cfg.n, temperature=cfg.temperature if cfg.do_sample else 0.0, top_p=cfg.top_p,
                             top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, greedy=not cfg.do_sample,
                             logprobs=False)
+    stored = reuse.read_all(cfg.reuse_generations)
     gens, fingerprints, reused = {}, {}, {}
     for role, path in _models(cfg).items():
         settings = {"params": dataclasses.asdict(params), "batch_size": cfg.batch_size, "seed": cfg.seed,
                     "role": role, "dtype": cfg.dtype, "device": device}
         fingerprints[role] = reuse.fingerprint(path, ids[role], settings)
-        found = reuse.find(cfg.reuse_generations, fingerprints[role])
+        found = reuse.find(stored, fingerprints[role])
         if found is not None:
             gens[role], reused[role] = found
             continue
