@@ -456,3 +456,29 @@ def test_a_judge_that_disagrees_with_the_training_reward_is_warned_about(assets:
     write_outputs(res, out)
     assert "the judge model does not" in (out / "report.md").read_text()
     assert "Win rate by the judge model" in (out / "report.html").read_text()
+
+
+def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[str, Path]) -> None:
+    from types import SimpleNamespace
+
+    from alignctl.eval.runner import role_scores
+    from alignctl.eval.scoring import RewardScorer
+
+    scorer = RewardScorer(str(assets["rm"]), device="cpu", dtype="float32", batch_size=2, max_length=None,
+                          normalize=False, progress=False)
+    scored: list[int] = []
+    plain = scorer._score_unique
+    scorer._score_unique = lambda seqs, desc: (scored.append(len(seqs)), plain(seqs, desc))[1]  # type: ignore[method-assign]
+    rows = [SimpleNamespace(messages=[{"role": "user", "content": f"Tom has {i} pens."}]) for i in range(3)]
+    gens = {"policy": SimpleNamespace(texts=[["12"], ["7 apples"], ["3"]]),
+            "reference": SimpleNamespace(texts=[["12"], ["seven"], ["3"]])}
+    scores = role_scores(scorer, rows, gens, 1, "judging")  # type: ignore[arg-type]
+    # 6 answers, 4 distinct (prompt, answer) sequences, one scorer call; batch size 2 puts the
+    # shared answers of prompt 0 in other batches than prompt 2's, and still they tie bit for bit.
+    assert scored == [4]
+    assert scores["policy"].shape == scores["reference"].shape == (3, 1)
+    assert scores["policy"][0, 0] == scores["reference"][0, 0] and scores["policy"][2, 0] == scores["reference"][2, 0]
+    alone = RewardScorer(str(assets["rm"]), device="cpu", dtype="float32", batch_size=2, max_length=None,
+                         normalize=False, progress=False)
+    convs = [(r.messages, [{"role": "assistant", "content": t[0]}]) for r, t in zip(rows, gens["reference"].texts)]
+    assert alone.score(convs, "x") == pytest.approx(scores["reference"][:, 0], abs=1e-5)

@@ -93,10 +93,18 @@ def reward_scorer(cfg: EvalConfig, path: str, device: str, progress: bool) -> It
 
 def role_scores(scorer: RewardScorer, rows: list[PromptRow], gens: dict[str, Generations], n: int,
                 label: str) -> dict[str, np.ndarray]:
-    """The scorer's reward [P, n] of every model's responses."""
+    """The scorer's reward [P, n] of every model's responses. All models' responses go to the scorer
+    in one call, so an answer two models share (half of them, for an RL policy and its SFT start)
+    is scored once and is an exact tie, not two runs that may differ in the last bit."""
     prompts = [r.messages for r in rows]
-    return {role: scorer.score(response_conversations(prompts, g.texts), f"{label} ({role})").reshape(len(rows), n)
-            for role, g in gens.items()}
+    conversations = {role: response_conversations(prompts, g.texts) for role, g in gens.items()}
+    flat = [c for role_conversations in conversations.values() for c in role_conversations]
+    scores = scorer.score(flat, f"{label} ({', '.join(conversations)})")
+    out, start = {}, 0
+    for role, role_conversations in conversations.items():
+        out[role] = scores[start:start + len(role_conversations)].reshape(len(rows), n)
+        start += len(role_conversations)
+    return out
 
 
 def score_all(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], pairs: list[PreferencePair] | None,
