@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from alignctl.data.schema import identical_pair, reply_text
 from alignctl.errors import UserError
-from alignctl.trainers.sft_data import _lookup, as_messages
+from alignctl.trainers.sft_data import as_messages, lookup_field
 
 if TYPE_CHECKING:
     import datasets
@@ -111,7 +111,7 @@ def group_labels(ds: datasets.Dataset, key: str, where: str) -> list[str]:
     labels = []
     for i, row in enumerate(ds.select_columns([column])):
         try:
-            value = _lookup(row, key)  # the same 'column.key' reading as the SFT stage's prompt_key
+            value = lookup_field(row, key)  # the same 'column.key' reading as the SFT stage's prompt_key
         except KeyError:
             raise UserError(f"{where} row {i}: data.group_key {key!r}: expected a dict in column {column!r} "
                             f"with key {sub!r}, got {row[column]!r}"[:300]) from None

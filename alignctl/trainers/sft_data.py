@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     import datasets
 
 
-def _lookup(row: dict[str, Any], key: str) -> Any:
+def lookup_field(row: dict[str, Any], key: str) -> Any:
+    """``row[key]`` where ``key`` is a column or ``column.key`` (a key of a dict column, such as
+    ``extra_info.answer``); ``KeyError(key)`` when absent. Shared with the reward-model data."""
     column, _, sub = key.partition(".")
     value = row[column]
     if sub:
@@ -62,7 +64,7 @@ def to_prompt_completion(ds: datasets.Dataset, prompt_key: str, response_key: st
     prompts, completions = [], []
     for i, row in enumerate(ds.select_columns(sorted({k.partition('.')[0] for k in (prompt_key, response_key)}))):
         try:
-            prompt, response = _lookup(row, prompt_key), _lookup(row, response_key)
+            prompt, response = lookup_field(row, prompt_key), lookup_field(row, response_key)
         except KeyError as exc:
             raise UserError(f"{where} row {i}: no field {exc.args[0]!r}") from None
         prompt = as_messages(prompt, "user", chat, f"{where} row {i} {prompt_key!r}")
@@ -81,7 +83,7 @@ def has_tool_traces(ds: datasets.Dataset, response_key: str) -> bool:
     column = response_key.partition(".")[0]
     if column not in ds.column_names:
         return False
-    return any(is_tool_trace(_lookup(row, response_key)) for row in ds.select_columns([column]))
+    return any(is_tool_trace(lookup_field(row, response_key)) for row in ds.select_columns([column]))
 
 
 def to_trace_ids(ds: datasets.Dataset, prompt_key: str, response_key: str, tokenizer: Any,
@@ -104,7 +106,7 @@ def to_trace_ids(ds: datasets.Dataset, prompt_key: str, response_key: str, token
     columns = sorted({k.partition(".")[0] for k in (prompt_key, response_key)})
     for i, row in enumerate(ds.select_columns(columns)):
         try:
-            prompt, response = _lookup(row, prompt_key), _lookup(row, response_key)
+            prompt, response = lookup_field(row, prompt_key), lookup_field(row, response_key)
         except KeyError as exc:
             raise UserError(f"{where} row {i}: no field {exc.args[0]!r}") from None
         prompt = as_messages(prompt, "user", True, f"{where} row {i} {prompt_key!r}")

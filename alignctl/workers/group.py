@@ -33,8 +33,6 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from alignctl.batch import Batch
-from alignctl.workers.heap import OPT_OUT_ENV as HEAP_OPT_OUT_ENV
-from alignctl.workers.heap import keep_freed_memory
 
 
 @dataclass
@@ -94,7 +92,6 @@ class _Worker:
         self.roles: dict[str, Any] = {}
         self._spans: list[tuple[str, str, float, float]] = []  # (role, method, start, end): see spans()
         self._store_socket: socket.socket | None = None  # rank 0's rendezvous listener, see address()
-        self.heap_reuse = keep_freed_memory()  # before the models load: see workers/heap.py
         _quiet_libraries()
 
     def address(self) -> tuple[str, int]:
@@ -109,7 +106,7 @@ class _Worker:
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "pool": self.pool,
-                "device": self.device, "roles": sorted(self.roles), "heap_reuse": self.heap_reuse}
+                "device": self.device, "roles": sorted(self.roles)}
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         import torch
@@ -221,8 +218,6 @@ class WorkerGroup:
         found plugin modules; a worker starts with its working folder and site-packages only)."""
         self.pool = pool
         env = dict(WORKER_ENV)
-        if HEAP_OPT_OUT_ENV in os.environ:  # the user's choice reaches workers on every node
-            env[HEAP_OPT_OUT_ENV] = os.environ[HEAP_OPT_OUT_ENV]
         if import_paths:
             env["PYTHONPATH"] = os.pathsep.join([*import_paths, *filter(None, [os.environ.get("PYTHONPATH")])])
         self._pg: PlacementGroup = placement_group(pool.bundles(), strategy=pool.strategy, name=pool.name)
