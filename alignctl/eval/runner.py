@@ -97,14 +97,10 @@ def role_scores(scorer: RewardScorer, rows: list[PromptRow], gens: dict[str, Gen
     in one call, so an answer two models share (half of them, for an RL policy and its SFT start)
     is scored once and is an exact tie, not two runs that may differ in the last bit."""
     prompts = [r.messages for r in rows]
-    conversations = {role: response_conversations(prompts, g.texts) for role, g in gens.items()}
-    flat = [c for role_conversations in conversations.values() for c in role_conversations]
-    scores = scorer.score(flat, f"{label} ({', '.join(conversations)})")
-    out, start = {}, 0
-    for role, role_conversations in conversations.items():
-        out[role] = scores[start:start + len(role_conversations)].reshape(len(rows), n)
-        start += len(role_conversations)
-    return out
+    flat = [c for g in gens.values() for c in response_conversations(prompts, g.texts)]
+    scores = scorer.score(flat, f"{label} ({', '.join(gens)})")
+    # Every model answered every prompt n times: the scores are [models, P, n] in gens' order.
+    return dict(zip(gens, scores.reshape(len(gens), len(rows), n)))
 
 
 def score_all(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], pairs: list[PreferencePair] | None,
