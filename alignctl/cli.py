@@ -107,6 +107,7 @@ def preprocess(
     max_rows: Annotated[Optional[int], typer.Option(help="At most this many rows per split.")] = None,
     map_fn: Annotated[Optional[str], typer.Option(help="custom: path/to/file.py:function.")] = None,
     kind: Annotated[Optional[str], typer.Option(help="custom: rl | preference | sft.")] = None,
+    system_prompt: Annotated[Optional[str], typer.Option(help="System message put first in every prompt.")] = None,
     config: ConfigOpt = None,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -118,7 +119,7 @@ def preprocess(
 
     flags: dict[str, Any] = {"dataset": dataset, "input": input, "out": out, "test_fraction": test_fraction,
                              "seed": seed, "skip_bad_rows": skip_bad_rows, "max_rows": max_rows,
-                             "map_fn": map_fn, "kind": kind}
+                             "map_fn": map_fn, "kind": kind, "system_prompt": system_prompt}
     cfg = load_config(PreprocessConfig, config, overrides or [], flags=flags)
     _preflight(cfg, overwrite)
     report = run_preprocess(cfg, progress=_interactive())

@@ -279,3 +279,27 @@ def test_config_errors(tmp_path: Path, keys: dict[str, Any], message: str) -> No
     with pytest.raises(UserError, match=re.escape(message)):
         run_preprocess(cfg, progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_system_prompt_goes_first_and_leaves_the_rows_and_splits_alone(out: Path, tmp_path: Path) -> None:
+    """With ``system_prompt`` every file's prompts gain that system message in front; everything
+    else, the held-out split included, is the same as without it (compared with the fixture run)."""
+    cfg = build_config(PreprocessConfig, {"dataset": "arith", "out": str(tmp_path / "s"), "seed": 0,
+                                          "system_prompt": "Solve the math problem.",
+                                          "arith": {"num_train": 300, "num_test": 60, "num_sft": 200,
+                                                    "num_pref": 250}})
+    run_preprocess(cfg, progress=False)
+    system = {"role": "system", "content": "Solve the math problem."}
+    for name in FILES:
+        plain, with_system = pd.read_parquet(out / name), pd.read_parquet(tmp_path / "s" / name)
+        assert len(plain) == len(with_system), name
+        for before, after in zip(plain["prompt"], with_system["prompt"]):
+            assert list(after) == [system, *before], name
+        rest = [c for c in plain.columns if c != "prompt"]
+        pd.testing.assert_frame_equal(plain[rest], with_system[rest])
+
+
+def test_blank_system_prompt_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"^key 'system_prompt' expected a non-empty string"):
+        build_config(PreprocessConfig, {"dataset": "arith", "out": str(tmp_path / "o"), "system_prompt": "  "})
+    assert not (tmp_path / "o").exists()

@@ -34,6 +34,11 @@ MAP_FNS = textwrap.dedent('''
         return {"data_source": "mine", "prompt": [{"role": "user", "content": row["q"]}],
                 "completion": [{"role": "assistant", "content": row["a"]}]}
 
+    def with_system(row):
+        return {"data_source": "mine", "ability": "qa",
+                "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": row["q"]}],
+                "reward_model": {"style": "rule", "ground_truth": str(row["a"])}}
+
     def broken(row):
         return {"data_source": "mine", "prompt": [{"role": "bot", "content": row["q"]}],
                 "ability": "qa", "reward_model": {"style": "rule", "ground_truth": "1"}}
@@ -153,3 +158,16 @@ def test_custom_only_keys_are_refused_elsewhere(tmp_path: Path) -> None:
     cfg = build_config(PreprocessConfig, {"dataset": "arith", "out": str(tmp_path / "o"), "map_fn": "f.py:g"})
     with pytest.raises(UserError, match="preprocess arith: key 'map_fn' is only used by dataset 'custom'"):
         run_preprocess(cfg, progress=False)
+
+
+def test_system_prompt_refuses_rows_that_have_one(tmp_path: Path, fns: Path) -> None:
+    """A second system message would be silently stacked on the row's own: one line naming the row
+    instead, and no output folder."""
+    src = _jsonl(tmp_path / "in.jsonl", [{"id": 1, "q": "2+2?", "a": 4}])
+    with pytest.raises(UserError, match=r"in\.jsonl:1: the prompt already starts with a system message; "
+                                        r"key 'system_prompt' would add a second one"):
+        _run(tmp_path, input=str(src), map_fn=f"{fns}:with_system", system_prompt="Solve it.")
+    assert not (tmp_path / "o").exists()
+    _run(tmp_path, input=str(src), map_fn=f"{fns}:to_rl", system_prompt="Solve it.")
+    prompt = list(pd.read_parquet(tmp_path / "o" / "train.parquet")["prompt"][0])
+    assert prompt == [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "2+2?"}]

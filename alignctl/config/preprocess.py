@@ -61,6 +61,8 @@ class PreprocessConfig:
                                           "a schema row.")
     kind: str = field("rl", help="custom: which schema the mapped rows follow.",
                       choices=("rl", "preference", "sft"))
+    system_prompt: str | None = field(None, help="Put this system message first in every prompt (chat form), e.g. "
+                                                 "to replace a chat template's long default system prompt.")
     arith: ArithConfig = section(ArithConfig, help="Options of the arith synthetic task.")
     tools_arith: ToolsArithConfig = section(ToolsArithConfig, help="Options of the tools-arith task.")
 
@@ -71,5 +73,7 @@ class PreprocessConfig:
             raise UserError("preprocess custom: key 'map_fn' is required ('path/to/file.py:function')")
         if self.dataset not in ("arith", "tools-arith") and self.dataset != "gsm8k" and not self.input:
             raise UserError(f"preprocess {self.dataset}: key 'input' is required (a local file or folder)")
+        if self.system_prompt is not None and not self.system_prompt.strip():
+            raise UserError("key 'system_prompt' expected a non-empty string (leave it out for none)")
         if self.max_rows is not None and self.max_rows <= 0:
             raise UserError(f"key 'max_rows' expected a positive integer, got {self.max_rows}")

@@ -51,6 +51,15 @@ def prompt_key(row: dict[str, Any]) -> str:
     return json.dumps(row["prompt"], ensure_ascii=False, sort_keys=True)
 
 
+def with_system_prompt(prompt: list[dict[str, str]], text: str, where: str) -> list[dict[str, str]]:
+    """``prompt`` with a system message ``text`` in front. Added when a file is written, after the
+    splits, so the held-out split is the same with or without it (splits hash the prompt)."""
+    if prompt and prompt[0].get("role") == "system":
+        raise UserError(f"{where}: the prompt already starts with a system message; key 'system_prompt' "
+                        f"would add a second one (leave the key out or drop that message)")
+    return [{"role": "system", "content": text}, *prompt]
+
+
 class Context:
     """One preprocess run: its config, output folder and counters."""
 
@@ -134,6 +143,8 @@ class Context:
         table_rows = []
         for index, record in enumerate(rows):
             row = dict(record.data)
+            if self.cfg.system_prompt is not None:
+                row["prompt"] = with_system_prompt(row["prompt"], self.cfg.system_prompt, record.where)
             row["extra_info"] = {**row["extra_info"], "split": split, "index": index}
             validate_row(kind, row, record.where)
             table_rows.append(row)
