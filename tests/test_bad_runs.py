@@ -169,6 +169,8 @@ OUTPUT_CASES = [
     Case("preprocess_over_earlier_output", ("preprocess", "arith", "--out", "$W/data_out"),
          ("$W/data_out", "earlier alignctl output", "--overwrite")),
     Case("preprocess_into_filesystem_root", ("preprocess", "arith", "--out", "/"), ("filesystem root",)),
+    Case("preprocess_blank_system_prompt", ("preprocess", "arith", "--system-prompt", " ", "--out", "$W/sp"),
+         ("system_prompt", "non-empty string")),
     Case("sft_into_users_folder", ("sft", "model.path=$A/model", "data.train_files=[$A/arith/sft_train.parquet]",
                                    "output_dir=$W/mine"), ("output_dir", "not written by alignctl")),
     Case("sft_nan_learning_rate", ("sft", "model.path=$A/model", "data.train_files=[$A/arith/sft_train.parquet]",
