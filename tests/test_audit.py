@@ -117,6 +117,74 @@ def test_tokenizer_and_reward_model_checks(arith: Path, tmp_path: Path) -> None:
     assert all(r["score_rejected"] > r["score_chosen"] for r in label_rows)
 
 
+def _slow_reply_log_prob(model: Any, ids: list[int], start: int) -> float:
+    """Independent reference: one unpadded forward per row, the reply tokens' log-probs summed in a loop."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+    return sum(float(torch.log_softmax(logits[t - 1], -1)[ids[t]]) for t in range(start, len(ids)))
+
+
+def test_likelihood_of_replies_matches_an_unpadded_reference(arith: Path, tmp_path: Path) -> None:
+    """The reply boundary follows the chat template's generation prompt, and the padded batch gives
+    each reply the log-probability of a one-row forward pass (to float32 rounding)."""
+    from alignctl.audit.likelihood import encode_pair, reply_log_probs
+    from alignctl.audit.pairs import read_pairs
+    from alignctl.audit.runner import _encoder
+    from alignctl.models.loading import load_causal_lm, load_tokenizer
+    from alignctl.models.tiny import init_model
+
+    model_dir = tmp_path / "model"
+    init_model(out=model_dir, tokenizer_from=[arith / "pref_train.parquet"], hidden=32, layers=2,
+               tokenizer_kind="char", seed=0)
+    tokenizer = load_tokenizer(str(model_dir), padding_side="right")
+    model = load_causal_lm(str(model_dir)).eval()
+    _, convs = read_pairs(str(arith / "pref_test.parquet"))
+    rows = [encode_pair(tokenizer, _encoder(tokenizer).encode, prompt, reply) for prompt, c, r in convs[:6]
+            for reply in (c, r)]
+    for (ids, start), (prompt, chosen, _) in zip(rows[::2], convs):
+        # The reply starts right after '<|assistant|>' and runs to the end of the turn.
+        assert tokenizer.decode(ids[start:]) == chosen[0]["content"] + "<|end|>"
+        assert tokenizer.decode(ids[:start]).endswith("<|assistant|>")
+    batched = reply_log_probs(model, rows, int(tokenizer.pad_token_id))
+    for (ids, start), values in zip(rows, batched):
+        assert len(values) == len(ids) - start
+        assert float(values.sum()) == pytest.approx(_slow_reply_log_prob(model, ids, start), abs=1e-4)
+
+
+def test_likelihood_check_reports_accuracy_and_warns_against_the_reward_model(arith: Path, tmp_path: Path) -> None:
+    """--likelihood-model: accuracies land in summary.json and the HTML page; the accuracy is the
+    share of pairs whose chosen reply has the higher summed log-probability (recomputed here from
+    the slow reference on the same model)."""
+    from alignctl.audit.likelihood import encode_pair
+    from alignctl.audit.pairs import read_pairs
+    from alignctl.audit.runner import _encoder
+    from alignctl.models.loading import load_causal_lm, load_tokenizer
+    from alignctl.models.tiny import init_model
+
+    model_dir = tmp_path / "model"
+    init_model(out=model_dir, tokenizer_from=[arith / "pref_train.parquet"], hidden=32, layers=1,
+               tokenizer_kind="char", seed=0)
+    data = tmp_path / "pairs.parquet"
+    pd.read_parquet(arith / "pref_train.parquet").head(24).to_parquet(data)
+    result = run_audit(AuditOptions(data=str(data), likelihood_model=str(model_dir), reward_model=str(model_dir),
+                                    out=str(tmp_path / "audit"), device="cpu"))
+    summary, _ = _outputs(result.out)
+    lik = summary["likelihood"]
+    assert lik["path"] == str(model_dir) and lik["pairs"] == 24
+    tokenizer, model = load_tokenizer(str(model_dir), padding_side="right"), load_causal_lm(str(model_dir)).eval()
+    _, convs = read_pairs(str(data))
+    encode = _encoder(tokenizer).encode
+    right = [_slow_reply_log_prob(model, *encode_pair(tokenizer, encode, p, c))
+             > _slow_reply_log_prob(model, *encode_pair(tokenizer, encode, p, r)) for p, c, r in convs]
+    assert lik["accuracy_sum"] == pytest.approx(sum(right) / len(right))
+    assert 0.0 <= lik["accuracy_mean"] <= 1.0
+    assert "Likelihood of the reply" in (tmp_path / "audit" / "report.html").read_text()
+    gap = max(lik["accuracy_sum"], lik["accuracy_mean"]) - summary["reward_model"]["accuracy_all"]
+    assert any("own likelihood" in w for w in summary["warnings"]) == (gap > 0.1)
+
+
 # ------------------------------------------------------------------------------ pure checks
 
 
@@ -136,6 +204,14 @@ def test_near_duplicates_found_and_distinct_pairs_not() -> None:
              PairText("name a prime number below ten", "seven is prime", "nine")]
     assert checks.near_duplicate_groups(pairs) == [[0, 1]]
     assert checks.near_duplicate_groups(pairs, skip={1}) == []
+
+
+def test_likelihood_accuracy_by_sum_and_by_mean() -> None:
+    """Hand-made numbers: by sum chosen wins rows 0 and 2 (row 1 is a tie: wrong); by mean, rows 0 and 1."""
+    out = checks.likelihood_accuracy(np.array([-3.0, -5.0, -2.0]), np.array([-4.0, -5.0, -6.0]),
+                                     np.array([-0.5, -0.4, -1.0]), np.array([-0.6, -0.5, -0.5]))
+    assert out == {"pairs": 3, "accuracy_sum": pytest.approx(2 / 3), "accuracy_mean": pytest.approx(2 / 3)}
+    assert checks.likelihood_accuracy(np.array([]), np.array([]), np.array([]), np.array([]))["accuracy_sum"] is None
 
 
 def test_leakage_length_bias_long_pairs_and_label_errors() -> None:
@@ -186,6 +262,9 @@ def test_cli_user_errors(arith: Path, tmp_path: Path, monkeypatch: pytest.Monkey
                       "--max-length")
     assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--test", "nope.parquet", "--out", "o3"),
                       "nope.parquet")
+    assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--likelihood-model", "no_model",
+                              "--out", "o4"), "--likelihood-model", "no_model", "config.json")
+    assert not (tmp_path / "o4").exists()
 
 
 def test_read_pairs_strings_and_blank_messages(tmp_path: Path) -> None:

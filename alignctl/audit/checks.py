@@ -185,6 +185,19 @@ def rm_accuracy(chosen_scores: np.ndarray, rejected_scores: np.ndarray, chosen_l
     return out
 
 
+def likelihood_accuracy(chosen_total: np.ndarray, rejected_total: np.ndarray, chosen_mean: np.ndarray,
+                        rejected_mean: np.ndarray) -> dict[str, float | int | None]:
+    """How often a language model's own likelihood prefers the chosen reply: by the summed
+    log-probability of the reply's tokens (which favours short replies) and by the per-token mean
+    (which does not). Ties count wrong, as in :func:`rm_accuracy`."""
+    pairs = len(chosen_total)
+    if not pairs:
+        return {"pairs": 0, "accuracy_sum": None, "accuracy_mean": None}
+    return {"pairs": pairs,
+            "accuracy_sum": float(np.mean(np.asarray(chosen_total) > np.asarray(rejected_total))),
+            "accuracy_mean": float(np.mean(np.asarray(chosen_mean) > np.asarray(rejected_mean)))}
+
+
 def finite_or_none(value: float | None) -> float | None:
     """JSON has no NaN: a missing statistic is null."""
     return None if value is None or not math.isfinite(value) else value

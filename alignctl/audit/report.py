@@ -47,6 +47,7 @@ class AuditResult:
     checks: list[CheckResult] = field(default_factory=list)
     length_bias: dict[str, dict[str, Any]] = field(default_factory=dict)
     reward_model: dict[str, Any] | None = None
+    likelihood: dict[str, Any] | None = None  # --likelihood-model: its own likelihood's accuracy
     scores: dict[int, tuple[float, float]] = field(default_factory=dict)
     samples: dict[int, PairText] = field(default_factory=dict)
 
@@ -65,6 +66,11 @@ class AuditResult:
                 and rm["accuracy_all"] - rm["accuracy_length_matched"] > 0.1:
             out.append(f"reward model accuracy drops from {100 * rm['accuracy_all']:.1f}% to "
                        f"{100 * rm['accuracy_length_matched']:.1f}% on length-matched pairs: it may reward length")
+        lik = self.likelihood or {}
+        best = max((v for v in (lik.get("accuracy_sum"), lik.get("accuracy_mean")) if v is not None), default=None)
+        if best is not None and rm.get("accuracy_all") is not None and best - rm["accuracy_all"] > 0.1:
+            out.append(f"the language model's own likelihood ranks {100 * best:.1f}% of pairs right, the reward model "
+                       f"{100 * rm['accuracy_all']:.1f}%: the reward model does not use what its language model knows")
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -75,6 +81,7 @@ class AuditResult:
             "length_bias": self.length_bias,
             "reward_model": None if self.reward_model is None else
             {k: finite_or_none(v) if isinstance(v, float) else v for k, v in self.reward_model.items()},
+            "likelihood": self.likelihood,
             "blocking": self.blocking_problems(), "warnings": self.warnings(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
@@ -143,5 +150,10 @@ def print_audit_report(result: AuditResult) -> None:
         print_table(f"reward model {rm['path']} (lengths in {rm['length_unit']})", ["pairs", "accuracy", "count"],
                     [[name, "—" if rm[f"accuracy_{name}"] is None else f"{100 * rm[f'accuracy_{name}']:.1f}%",
                       rm[f"pairs_{name}"]] for name in ("all", "length_matched", "chosen_longer", "chosen_shorter")])
+    lik = result.likelihood
+    if lik is not None:
+        print_table(f"likelihood of the reply under {lik['path']}", ["pairs", "accuracy (sum)", "accuracy (mean)"],
+                    [[lik["pairs"]] + ["—" if lik[k] is None else f"{100 * lik[k]:.1f}%"
+                                       for k in ("accuracy_sum", "accuracy_mean")]])
     for warning in result.warnings():
         console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -38,6 +38,7 @@ class AuditOptions:
     overwrite: bool = False
     device: str = "auto"
     rm_batch_size: int = 16
+    likelihood_model: str | None = None
     progress: bool = False
     kfold: KFoldOptions | None = None
 
@@ -162,6 +163,33 @@ def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Mess
     result.scores = {scorable[k]: (float(chosen[k]), float(rejected[k])) for k in range(len(scorable))}
 
 
+def likelihood_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]]) -> None:
+    """With --likelihood-model: how often that causal LM's own likelihood of the reply prefers chosen."""
+    if opts.likelihood_model is None:
+        return
+    from alignctl.audit.likelihood import encode_pair, reply_log_probs
+    from alignctl.device import resolve_device
+    from alignctl.models.loading import load_causal_lm, load_tokenizer
+
+    scorable = [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
+                and r[0]["content"].strip()]
+    tokenizer = load_tokenizer(opts.likelihood_model, padding_side="right")
+    model = load_causal_lm(opts.likelihood_model).to(resolve_device(opts.device, key="--device")).eval()
+    encode = _encoder(tokenizer).encode
+    rows = [encode_pair(tokenizer, encode, convs[i][0], reply) for i in scorable for reply in convs[i][1:]]
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    order = sorted(range(len(rows)), key=lambda k: len(rows[k][0]))  # similar lengths share a batch
+    found: dict[int, np.ndarray] = {}
+    for start in track(range(0, len(order), opts.rm_batch_size), "likelihood of replies",
+                       enabled=None if opts.progress else False):
+        chunk = order[start:start + opts.rm_batch_size]
+        found.update(zip(chunk, reply_log_probs(model, [rows[k] for k in chunk], pad)))
+    total = np.array([found[k].sum() for k in range(len(rows))]).reshape(-1, 2)
+    mean = np.array([found[k].mean() for k in range(len(rows))]).reshape(-1, 2)
+    result.likelihood = {"path": opts.likelihood_model,
+                         **checks.likelihood_accuracy(total[:, 0], total[:, 1], mean[:, 0], mean[:, 1])}
+
+
 def _scorer(opts: AuditOptions, path: str) -> Any:
     from alignctl.device import resolve_device
     from alignctl.eval.scoring import RewardScorer
@@ -219,6 +247,9 @@ def check_options(opts: AuditOptions) -> Path:
         raise UserError(f"--device expected auto, cpu or cuda[:N], got {opts.device!r}")
     if opts.kfold is not None and opts.reward_model is not None:
         raise UserError("--kfold trains its own reward models; drop --reward-model (or --kfold)")
+    if opts.likelihood_model is not None and not (Path(opts.likelihood_model) / "config.json").is_file():
+        raise UserError(f"--likelihood-model '{opts.likelihood_model}': expected a model folder with config.json "
+                        "(a causal language model, e.g. the one the reward model started from)")
     if opts.kfold is not None:
         from alignctl.audit.kfold import check_kfold_options
 
@@ -246,6 +277,7 @@ def run_audit(opts: AuditOptions) -> AuditResult:
     lengths = token_lengths(tokenizer, convs, opts.progress) if tokenizer is not None else None
     length_checks(result, pairs, lengths, opts.max_length)
     model_checks(result, opts, convs, lengths, pairs)
+    likelihood_checks(result, opts, convs)
     result.samples = {i: pairs[i] for i in result.flagged_rows()}
     with atomic_output_dir(out, overwrite=opts.overwrite, kind="audit") as tmp:
         write_report(result, tmp)
