@@ -171,3 +171,25 @@ def test_system_prompt_refuses_rows_that_have_one(tmp_path: Path, fns: Path) -> 
     _run(tmp_path, input=str(src), map_fn=f"{fns}:to_rl", system_prompt="Solve it.")
     prompt = list(pd.read_parquet(tmp_path / "o" / "train.parquet")["prompt"][0])
     assert prompt == [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "2+2?"}]
+
+
+def test_system_prompt_rows_that_have_one_can_be_skipped(tmp_path: Path, fns: Path) -> None:
+    """With skip_bad_rows the rows with their own system message are counted and left out, like any
+    bad row; the others get the system message."""
+    fns_with = tmp_path / "mixed.py"
+    fns_with.write_text(
+        "def f(row):\n"
+        "    user = [{'role': 'user', 'content': row['q']}]\n"
+        "    own = [{'role': 'system', 'content': 'Be brief.'}] if row['id'] == 2 else []\n"
+        "    return {'data_source': 'mine', 'ability': 'qa', 'prompt': own + user,\n"
+        "            'reward_model': {'style': 'rule', 'ground_truth': str(row['a'])}}\n")
+    src = _jsonl(tmp_path / "in.jsonl", [{"id": i, "q": f"{i}+{i}?", "a": 2 * i} for i in (1, 2, 3)])
+    report = _run(tmp_path, input=str(src), map_fn=f"{fns_with}:f", system_prompt="Solve it.", skip_bad_rows=True)
+    assert report.files == {"train.parquet": 2}
+    assert report.skipped == {"system_message_present": 1}
+    assert report.examples == [f"{src}:2: the prompt already starts with a system message; key 'system_prompt' "
+                               "would add a second one (leave the key out, drop that message, or skip such rows "
+                               "with skip_bad_rows)"]
+    prompts = [list(p) for p in pd.read_parquet(tmp_path / "o" / "train.parquet")["prompt"]]
+    assert prompts == [[{"role": "system", "content": "Solve it."}, {"role": "user", "content": f"{i}+{i}?"}]
+                       for i in (1, 3)]

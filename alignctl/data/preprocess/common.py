@@ -51,12 +51,21 @@ def prompt_key(row: dict[str, Any]) -> str:
     return json.dumps(row["prompt"], ensure_ascii=False, sort_keys=True)
 
 
+SYSTEM_MESSAGE_PRESENT = ("the prompt already starts with a system message; key 'system_prompt' would add a "
+                          "second one (leave the key out, drop that message, or skip such rows with skip_bad_rows)")
+
+
+def starts_with_system(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) \
+        and prompt[0].get("role") == "system"
+
+
 def with_system_prompt(prompt: list[dict[str, str]], text: str, where: str) -> list[dict[str, str]]:
     """``prompt`` with a system message ``text`` in front. Added when a file is written, after the
-    splits, so the held-out split is the same with or without it (splits hash the prompt)."""
-    if prompt and prompt[0].get("role") == "system":
-        raise UserError(f"{where}: the prompt already starts with a system message; key 'system_prompt' "
-                        f"would add a second one (leave the key out or drop that message)")
+    splits, so the held-out split is the same with or without it (splits hash the prompt). Rows
+    that already have one were turned away (or skipped) by :meth:`Context.emit`."""
+    if starts_with_system(prompt):
+        raise UserError(f"{where}: {SYSTEM_MESSAGE_PRESENT}")
     return [{"role": "system", "content": text}, *prompt]
 
 
@@ -110,6 +119,9 @@ class Context:
             check_row(kind, row)
         except SchemaError as exc:
             self.bad.bad(where, exc.reason, f"invalid {kind} row: {exc}")
+            return
+        if self.cfg.system_prompt is not None and starts_with_system(row.get("prompt")):
+            self.bad.bad(where, "system_message_present", SYSTEM_MESSAGE_PRESENT)
             return
         pool.append(Record(where, row))
 
