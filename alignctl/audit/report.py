@@ -70,7 +70,7 @@ class AuditResult:
         best = max((v for v in (lik.get("accuracy_sum"), lik.get("accuracy_mean")) if v is not None), default=None)
         if best is not None and rm.get("accuracy_all") is not None and best - rm["accuracy_all"] > 0.1:
             out.append(f"the language model's own likelihood ranks {100 * best:.1f}% of pairs right, the reward model "
-                       f"{100 * rm['accuracy_all']:.1f}%: the reward model does not use what its language model knows")
+                       f"{100 * rm['accuracy_all']:.1f}%: the reward model misses what that language model knows")
         return out
 
     def summary(self) -> dict[str, Any]:
