@@ -132,6 +132,7 @@ def audit(
     test: Annotated[Optional[str], typer.Option("--test", help="Other split's parquet: its prompts must not appear here.")] = None,
     reward_model: Annotated[Optional[str], typer.Option("--reward-model", help="Reward model folder: accuracy, length-matched accuracy, likely label errors.")] = None,
     likelihood_model: Annotated[Optional[str], typer.Option("--likelihood-model", help="Causal LM folder (e.g. the one the reward model started from): how often its own likelihood of the reply prefers chosen.")] = None,
+    group_key: Annotated[Optional[str], typer.Option("--group-key", help="Column or column.key (e.g. extra_info.rejected_kind): accuracies per value.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Model folder whose tokenizer counts tokens (default: the reward model's).")] = None,
     max_length: Annotated[int, typer.Option("--max-length", help="Flag pairs longer than this many tokens (train-rm's data.max_length).")] = 512,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Report folder (default audit/<file stem>).")] = None,
@@ -153,7 +154,7 @@ def audit(
         raise UserError("--kfold and --base-model go together (K fold reward models start from the base model)")
     folds = None if kfold is None else KFoldOptions(kfold, str(base_model), kfold_config, seed)
     result = run_audit(AuditOptions(data=preference_data, test=test, reward_model=reward_model, tokenizer=tokenizer,
-                                    likelihood_model=likelihood_model,
+                                    likelihood_model=likelihood_model, group_key=group_key,
                                     max_length=max_length, out=out, overwrite=overwrite, device=device,
                                     progress=_interactive(), kfold=folds))
     print_audit_report(result)

@@ -185,6 +185,35 @@ def test_likelihood_check_reports_accuracy_and_warns_against_the_reward_model(ar
     assert any("own likelihood" in w for w in summary["warnings"]) == (gap > 0.1)
 
 
+def test_group_key_splits_both_accuracies_by_kind(arith: Path, tmp_path: Path) -> None:
+    """--group-key extra_info.rejected_kind: per-kind pair counts add up to the file, and each kind's
+    RM accuracy equals the share recomputed from the per-row scores in the result; the likelihood's
+    per-kind accuracies weighted by pairs give back its overall accuracy."""
+    from alignctl.models.tiny import init_model
+
+    model_dir = tmp_path / "model"
+    init_model(out=model_dir, tokenizer_from=[arith / "pref_train.parquet"], hidden=32, layers=1,
+               tokenizer_kind="char", seed=0)
+    data = tmp_path / "pairs.parquet"
+    frame = pd.read_parquet(arith / "pref_train.parquet").head(40)
+    frame.to_parquet(data)
+    result = run_audit(AuditOptions(data=str(data), likelihood_model=str(model_dir), reward_model=str(model_dir),
+                                    group_key="extra_info.rejected_kind", out=str(tmp_path / "audit"), device="cpu"))
+    summary, _ = _outputs(result.out)
+    kinds = [info["rejected_kind"] for info in frame["extra_info"]]
+    by_rm = summary["reward_model"]["by_group"]
+    assert set(by_rm) == set(kinds) and len(by_rm) > 1
+    for kind, entry in by_rm.items():
+        rows = [i for i, k in enumerate(kinds) if k == kind]
+        assert entry["pairs"] == len(rows)
+        assert entry["accuracy"] == pytest.approx(sum(result.scores[i][0] > result.scores[i][1] for i in rows) / len(rows))
+    by_sum = summary["likelihood"]["by_group_sum"]
+    weighted = sum(e["pairs"] * e["accuracy"] for e in by_sum.values()) / sum(e["pairs"] for e in by_sum.values())
+    assert weighted == pytest.approx(summary["likelihood"]["accuracy_sum"])
+    assert [row[0] for row in summary["by_group"]] == sorted(set(kinds))
+    assert "Accuracy by group" in (tmp_path / "audit" / "report.html").read_text()
+
+
 # ------------------------------------------------------------------------------ pure checks
 
 
@@ -212,6 +241,14 @@ def test_likelihood_accuracy_by_sum_and_by_mean() -> None:
                                      np.array([-0.5, -0.4, -1.0]), np.array([-0.6, -0.5, -0.5]))
     assert out == {"pairs": 3, "accuracy_sum": pytest.approx(2 / 3), "accuracy_mean": pytest.approx(2 / 3)}
     assert checks.likelihood_accuracy(np.array([]), np.array([]), np.array([]), np.array([]))["accuracy_sum"] is None
+
+
+def test_accuracy_by_group_hand_made() -> None:
+    """Rows 0, 2 (group a) right, wrong; rows 1, 3, 4 (group b) right, right, wrong."""
+    table = checks.accuracy_by_group([True, True, False, True, False], ["a", "b", "a", "b", "b"])
+    assert table == {"a": {"pairs": 2, "accuracy": 0.5}, "b": {"pairs": 3, "accuracy": pytest.approx(2 / 3)}}
+    with pytest.raises(ValueError):
+        checks.accuracy_by_group([True], ["a", "b"])
 
 
 def test_leakage_length_bias_long_pairs_and_label_errors() -> None:
@@ -265,6 +302,11 @@ def test_cli_user_errors(arith: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--likelihood-model", "no_model",
                               "--out", "o4"), "--likelihood-model", "no_model", "config.json")
     assert not (tmp_path / "o4").exists()
+    assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--group-key", "extra_info.nope",
+                              "--out", "o5"), "pref_test.parquet row 0", "--group-key 'extra_info.nope'")
+    assert_user_error(run_cli("audit", str(arith / "pref_test.parquet"), "--group-key", "nocol", "--out", "o6"),
+                      "--group-key 'nocol'", "no column 'nocol'")
+    assert not (tmp_path / "o5").exists() and not (tmp_path / "o6").exists()
 
 
 def test_read_pairs_strings_and_blank_messages(tmp_path: Path) -> None:

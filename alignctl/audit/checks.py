@@ -198,6 +198,18 @@ def likelihood_accuracy(chosen_total: np.ndarray, rejected_total: np.ndarray, ch
             "accuracy_mean": float(np.mean(np.asarray(chosen_mean) > np.asarray(rejected_mean)))}
 
 
+def accuracy_by_group(right: Sequence[bool], groups: Sequence[str]) -> dict[str, dict[str, float | int]]:
+    """Share of right answers per group label, groups sorted by name: one overall number can hide
+    a scorer that knows only the easy kind of pair."""
+    if len(right) != len(groups):
+        raise ValueError(f"{len(groups)} group labels for {len(right)} pairs")
+    table: dict[str, dict[str, float | int]] = {}
+    for name in sorted(set(groups)):
+        members = [bool(ok) for ok, g in zip(right, groups) if g == name]
+        table[name] = {"pairs": len(members), "accuracy": sum(members) / len(members)}
+    return table
+
+
 def finite_or_none(value: float | None) -> float | None:
     """JSON has no NaN: a missing statistic is null."""
     return None if value is None or not math.isfinite(value) else value

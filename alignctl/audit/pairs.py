@@ -65,3 +65,18 @@ def read_pairs(path: str) -> tuple[list[checks.PairText], list[tuple[Messages, M
 def read_test_prompts(path: str) -> list[str]:
     frame = read_frame(path, "test prompts", ("prompt",), key="--test")
     return [_text(_messages(v, "user"), last_only=False) for v in frame["prompt"]]
+
+
+def read_group_labels(path: str, key: str) -> list[str]:
+    """The ``--group-key`` value of every row as text: a column, or ``column.key`` inside a dict
+    column (train-rm's ``data.group_key`` rule). A missing column or key is refused naming the row."""
+    from alignctl.data.rl_dataset import plain_python
+    from alignctl.errors import UserError
+    from alignctl.trainers.sft_data import group_label
+
+    column = key.partition(".")[0]
+    frame = read_frame(path, "preference pairs", PAIR_COLUMNS)
+    if column not in frame.columns:
+        raise UserError(f"{path}: --group-key {key!r}: no column {column!r} (found: {', '.join(frame.columns)})")
+    return [group_label({column: plain_python(value)}, key, f"{path} row {i}", "--group-key")
+            for i, value in enumerate(frame[column])]

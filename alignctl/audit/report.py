@@ -82,6 +82,7 @@ class AuditResult:
             "reward_model": None if self.reward_model is None else
             {k: finite_or_none(v) if isinstance(v, float) else v for k, v in self.reward_model.items()},
             "likelihood": self.likelihood,
+            "by_group": group_rows(self),
             "blocking": self.blocking_problems(), "warnings": self.warnings(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
@@ -135,6 +136,19 @@ def summary_rows(result: AuditResult) -> list[list[Any]]:
     return rows
 
 
+def group_rows(result: AuditResult) -> list[list[Any]]:
+    """One row per --group-key value: pairs, then the RM's and the likelihood's accuracy ('—' when not run)."""
+    tables = [(result.reward_model or {}).get("by_group"), (result.likelihood or {}).get("by_group_sum"),
+              (result.likelihood or {}).get("by_group_mean")]
+    names = sorted({name for table in tables if table for name in table})
+    rows = []
+    for name in names:
+        pairs = next(table[name]["pairs"] for table in tables if table and name in table)
+        rows.append([name, pairs] + ["—" if not table or name not in table else f"{100 * table[name]['accuracy']:.1f}%"
+                                     for table in tables])
+    return rows
+
+
 def print_audit_report(result: AuditResult) -> None:
     from alignctl.console import console, print_table
 
@@ -155,5 +169,9 @@ def print_audit_report(result: AuditResult) -> None:
         print_table(f"likelihood of the reply under {lik['path']}", ["pairs", "accuracy (sum)", "accuracy (mean)"],
                     [[lik["pairs"]] + ["—" if lik[k] is None else f"{100 * lik[k]:.1f}%"
                                        for k in ("accuracy_sum", "accuracy_mean")]])
+    by_group = group_rows(result)
+    if by_group:
+        print_table("accuracy by group (--group-key)", ["group", "pairs", "reward model", "likelihood (sum)",
+                                                        "likelihood (mean)"], by_group)
     for warning in result.warnings():
         console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -20,7 +20,7 @@ import numpy as np
 from alignctl.console import track
 from alignctl.audit import checks
 from alignctl.audit.kfold import KFoldOptions
-from alignctl.audit.pairs import PAIR_COLUMNS, Messages, read_frame, read_pairs, read_test_prompts
+from alignctl.audit.pairs import PAIR_COLUMNS, Messages, read_frame, read_group_labels, read_pairs, read_test_prompts
 from alignctl.audit.report import AuditResult, CheckResult
 from alignctl.errors import UserError
 
@@ -39,6 +39,7 @@ class AuditOptions:
     device: str = "auto"
     rm_batch_size: int = 16
     likelihood_model: str | None = None
+    group_key: str | None = None  # per-group accuracy of the reward model and the likelihood
     progress: bool = False
     kfold: KFoldOptions | None = None
 
@@ -126,7 +127,8 @@ def length_checks(result: AuditResult, pairs: list[checks.PairText], lengths: tu
 
 
 def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
-                 lengths: tuple[np.ndarray, ...] | None, pairs: list[checks.PairText]) -> None:
+                 lengths: tuple[np.ndarray, ...] | None, pairs: list[checks.PairText],
+                 groups: list[str] | None = None) -> None:
     """RM accuracy (overall, length-matched) and likely label errors, from one given reward model
     (--reward-model) or from K out-of-sample fold models (--kfold); skipped without either."""
     threshold = checks.LABEL_ERROR_PROBABILITY
@@ -161,9 +163,13 @@ def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Mess
     flagged = {scorable[k]: f"P(rejected better) = {prob[k]:.3f}" for k in found}
     result.checks.append(CheckResult("label_error", False, rule, flagged))
     result.scores = {scorable[k]: (float(chosen[k]), float(rejected[k])) for k in range(len(scorable))}
+    if groups is not None:
+        result.reward_model["by_group"] = checks.accuracy_by_group(np.asarray(chosen) > np.asarray(rejected),
+                                                                   [groups[i] for i in scorable])
 
 
-def likelihood_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]]) -> None:
+def likelihood_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
+                      groups: list[str] | None = None) -> None:
     """With --likelihood-model: how often that causal LM's own likelihood of the reply prefers chosen."""
     if opts.likelihood_model is None:
         return
@@ -188,6 +194,10 @@ def likelihood_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple
     mean = np.array([found[k].mean() for k in range(len(rows))]).reshape(-1, 2)
     result.likelihood = {"path": opts.likelihood_model,
                          **checks.likelihood_accuracy(total[:, 0], total[:, 1], mean[:, 0], mean[:, 1])}
+    if groups is not None:
+        labels = [groups[i] for i in scorable]
+        result.likelihood["by_group_sum"] = checks.accuracy_by_group(total[:, 0] > total[:, 1], labels)
+        result.likelihood["by_group_mean"] = checks.accuracy_by_group(mean[:, 0] > mean[:, 1], labels)
 
 
 def _scorer(opts: AuditOptions, path: str) -> Any:
@@ -270,14 +280,15 @@ def run_audit(opts: AuditOptions) -> AuditResult:
 
     out = check_options(opts)
     pairs, convs = read_pairs(opts.data)
+    groups = read_group_labels(opts.data, opts.group_key) if opts.group_key else None
     test_prompts = read_test_prompts(opts.test) if opts.test else None
     result = AuditResult(data=opts.data, test=opts.test, rows=len(pairs), out=str(out), max_length=opts.max_length)
     result.checks = cheap_checks(pairs, test_prompts, opts.progress)
     tokenizer = _load_tokenizer(opts)
     lengths = token_lengths(tokenizer, convs, opts.progress) if tokenizer is not None else None
     length_checks(result, pairs, lengths, opts.max_length)
-    model_checks(result, opts, convs, lengths, pairs)
-    likelihood_checks(result, opts, convs)
+    model_checks(result, opts, convs, lengths, pairs, groups)
+    likelihood_checks(result, opts, convs, groups)
     result.samples = {i: pairs[i] for i in result.flagged_rows()}
     with atomic_output_dir(out, overwrite=opts.overwrite, kind="audit") as tmp:
         write_report(result, tmp)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from alignctl.data.schema import identical_pair, reply_text
 from alignctl.errors import UserError
-from alignctl.trainers.sft_data import as_messages, lookup_field
+from alignctl.trainers.sft_data import as_messages, group_label
 
 if TYPE_CHECKING:
     import datasets
@@ -104,18 +104,10 @@ def to_preference(ds: datasets.Dataset, *, chat: bool, margin_key: str | None, w
 def group_labels(ds: datasets.Dataset, key: str, where: str) -> list[str]:
     """The ``data.group_key`` value of every row as text: ``column`` or ``column.key`` inside a dict
     column. A missing column, or a row without the key, is an error naming the file and row."""
-    column, _, sub = key.partition(".")
+    column = key.partition(".")[0]
     if column not in ds.column_names:
         raise UserError(f"{where}: data.group_key {key!r}: no column {column!r} "
                         f"(found: {', '.join(ds.column_names) or 'none'})")
-    labels = []
-    for i, row in enumerate(ds.select_columns([column])):
-        try:
-            value = lookup_field(row, key)  # the same 'column.key' reading as the SFT stage's prompt_key
-        except KeyError:
-            raise UserError(f"{where} row {i}: data.group_key {key!r}: expected a dict in column {column!r} "
-                            f"with key {sub!r}, got {row[column]!r}"[:300]) from None
-        if value is None:
-            raise UserError(f"{where} row {i}: data.group_key {key!r}: expected a value, got null")
-        labels.append(str(value))
-    return labels
+    # The same 'column.key' reading as the SFT stage's prompt_key.
+    return [group_label(row, key, f"{where} row {i}", "data.group_key")
+            for i, row in enumerate(ds.select_columns([column]))]

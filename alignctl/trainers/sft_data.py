@@ -32,6 +32,21 @@ def lookup_field(row: dict[str, Any], key: str) -> Any:
     return value
 
 
+def group_label(row: dict[str, Any], key: str, where: str, option: str) -> str:
+    """``row``'s value of a group key (``column`` or ``column.key``) as text, for per-group accuracy
+    tables (train-rm's ``data.group_key``, audit's ``--group-key``). A dict column without the key,
+    or a null, is an error naming ``where`` (the file and row) and ``option``."""
+    column, _, sub = key.partition(".")
+    try:
+        value = lookup_field(row, key)
+    except KeyError:
+        raise UserError(f"{where}: {option} {key!r}: expected a dict in column {column!r} "
+                        f"with key {sub!r}, got {row[column]!r}"[:300]) from None
+    if value is None:
+        raise UserError(f"{where}: {option} {key!r}: expected a value, got null")
+    return str(value)
+
+
 def as_messages(value: Any, role: str, chat: bool, where: str) -> list[dict[str, str]] | str:
     """One prompt/response value -> a list of {role, content} (chat) or a plain string."""
     if isinstance(value, dict) and "content" in value:
