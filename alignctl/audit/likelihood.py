@@ -27,9 +27,9 @@ Messages = list[dict[str, str]]
 def prompt_ids(tokenizer: Any, prompt: Messages) -> list[int]:
     """The prompt alone, as the reply's context: with the chat template's generation prompt."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        return [int(t) for t in ids]
+        from alignctl.tools.chat import render_prompt  # RL's and eval's own rendering of a prompt
+
+        return [int(t) for t in render_prompt(tokenizer, prompt, [])]
     return [int(t) for t in tokenizer("".join(m["content"] for m in prompt))["input_ids"]]
 
 

@@ -126,6 +126,13 @@ def length_checks(result: AuditResult, pairs: list[checks.PairText], lengths: tu
         {i: f"{int(max(full_c[i], full_r[i]))} tokens" for i in long_rows}))
 
 
+def scorable_rows(convs: list[tuple[Messages, Messages, Messages]]) -> list[int]:
+    """Rows with a prompt and two non-blank replies: the ones a model can score (the others are the
+    empty check's)."""
+    return [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
+            and r[0]["content"].strip()]
+
+
 def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Messages, Messages, Messages]],
                  lengths: tuple[np.ndarray, ...] | None, pairs: list[checks.PairText],
                  groups: list[str] | None = None) -> None:
@@ -136,8 +143,7 @@ def model_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple[Mess
         result.checks.append(CheckResult("label_error", False, f"RM P(rejected better) >= {threshold}", {},
                                          ran=False, note="needs --reward-model or --kfold"))
         return
-    scorable = [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
-                and r[0]["content"].strip()]
+    scorable = scorable_rows(convs)
     if opts.kfold is not None:
         chosen, rejected, truncated = _kfold_scores(opts, convs, scorable)
         prob = checks.rejected_probability(chosen, rejected)
@@ -177,8 +183,7 @@ def likelihood_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple
     from alignctl.device import resolve_device
     from alignctl.models.loading import load_causal_lm, load_tokenizer
 
-    scorable = [i for i, (p, c, r) in enumerate(convs) if p and c and r and c[0]["content"].strip()
-                and r[0]["content"].strip()]
+    scorable = scorable_rows(convs)
     tokenizer = load_tokenizer(opts.likelihood_model, padding_side="right")
     model = load_causal_lm(opts.likelihood_model).to(resolve_device(opts.device, key="--device")).eval()
     encode = _encoder(tokenizer).encode
