@@ -207,6 +207,44 @@ def test_critic_freeze_layers_trains_only_the_top_of_the_value_model(assets, tmp
     assert len(moved) == len(trained), sorted(set(trained) - set(moved))
 
 
+def test_actor_freeze_layers_trains_the_top_exactly_as_training_everything(assets, tmp_path):
+    """actor_rollout_ref.model.freeze_layers=1 on the 2-block tiny model, one GRPO step (lr 1e-3) with
+    gradient clipping off: the saved policy's embeddings and block 0 equal the initial model's bit
+    for bit, and block 1, the final norm and the LM head equal those of the same run training every
+    weight. Step 1 samples from the unchanged model either way, freezing the bottom leaves the
+    gradient of everything above it as it was, and AdamW updates each tensor on its own; so the
+    reference for the trained part is the unfrozen run itself."""
+    from alignctl.models.loading import load_causal_lm
+
+    common = ["algorithm.adv_estimator=grpo", "trainer.total_training_steps=1", "actor_rollout_ref.actor.grad_clip=0"]
+    RLTrainer(rl_config(assets, tmp_path / "frozen", *common, "actor_rollout_ref.model.freeze_layers=1")).fit()
+    RLTrainer(rl_config(assets, tmp_path / "full", *common)).fit()
+    initial = load_causal_lm(assets["model"]).state_dict()
+    frozen = load_causal_lm(tmp_path / "frozen" / "actor").state_dict()
+    full = load_causal_lm(tmp_path / "full" / "actor").state_dict()
+    bottom = [k for k in initial if "embed_tokens" in k or ".layers.0." in k]
+    top = [k for k in initial if k not in bottom]
+    assert bottom and any(".layers.1." in k for k in top) and any("lm_head" in k for k in top)
+    assert [k for k in bottom if not torch.equal(frozen[k], initial[k])] == []
+    assert [k for k in bottom if torch.equal(full[k], initial[k])] == []  # the full run did train them
+    for key in top:
+        assert not torch.equal(frozen[key], initial[key]), key
+        torch.testing.assert_close(frozen[key], full[key], rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_actor_freeze_layers_is_checked_before_ray(assets, tmp_path):
+    from alignctl.errors import UserError
+    from alignctl.preflight import preflight
+
+    with pytest.raises(UserError, match=r"key 'actor_rollout_ref.model.freeze_layers' is 3 but .* has 2 transformer layers"):
+        preflight(rl_config(assets, tmp_path / "run", "actor_rollout_ref.model.freeze_layers=3"))
+    with pytest.raises(UserError, match=r"key 'actor_rollout_ref.model.freeze_layers' \(1\) cannot be used with "
+                                        r"model.lora_rank > 0"):
+        rl_config(assets, tmp_path / "run", "actor_rollout_ref.model.freeze_layers=1", "actor_rollout_ref.model.lora_rank=4")
+    preflight(rl_config(assets, tmp_path / "ok", "actor_rollout_ref.model.freeze_layers=2"))
+    assert not (tmp_path / "run").exists()
+
+
 def test_critic_freeze_layers_beyond_the_model_is_refused_before_ray(assets, tmp_path):
     from alignctl.errors import UserError
     from alignctl.preflight import preflight

@@ -61,6 +61,11 @@ class ModelConfig:
                                            "use_remove_padding and alignctl_segment_sdpa, sdpa or eager attention "
                                            "(flash attention falls back to plain packing).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
+    freeze_layers: int = field(0, ge=0, help="Freeze the policy's input embeddings and first N transformer blocks: "
+                                             "only the top blocks train and backward stops at block N (a cheaper "
+                                             "actor update; docs/models.md). A model with tied embeddings "
+                                             "(SmolLM2, Qwen2.5-0.5B) then keeps its output projection frozen too. "
+                                             "Not with lora_rank > 0, which freezes every base weight already.")
     lora_rank: int = field(0, ge=0, help="LoRA rank; 0 trains all weights.")
     lora_alpha: int = field(16, gt=0, help="LoRA alpha.")
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -484,6 +489,7 @@ class RLConfig:
         self._check_sampling()
         self._check_multi_turn()
         self._check_offload()
+        self._check_actor_freeze()
         for key in ("test_freq", "save_freq"):
             if getattr(self.trainer, key) == 0:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
@@ -508,6 +514,12 @@ class RLConfig:
         if micro is not None and not critic.use_dynamic_bsz and (mini * n // world) % micro:
             raise UserError(f"key 'critic.ppo_micro_batch_size_per_gpu' ({micro}) must divide the per-worker "
                             f"critic mini-batch ({mini * n // world} responses)")
+
+    def _check_actor_freeze(self) -> None:
+        model = self.actor_rollout_ref.model
+        if model.freeze_layers and model.lora_rank > 0:
+            raise UserError(f"key 'actor_rollout_ref.model.freeze_layers' ({model.freeze_layers}) cannot be used with "
+                            "model.lora_rank > 0: LoRA already freezes every base weight; set one of them to 0")
 
     def _check_offload(self) -> None:
         """FSDP2's CPUOffloadPolicy exists only for fsdp2 (deepspeed has its own keys); LoRA keeps no

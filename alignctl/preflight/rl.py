@@ -74,6 +74,7 @@ def check_rl(cfg: RLConfig, ctx: Context) -> None:
     check_model(arr.model.path, "actor_rollout_ref.model.path", ctx, "causal",
                 needs_tokenizer=not arr.model.tokenizer_path)
     check_model(arr.model.tokenizer_path, "actor_rollout_ref.model.tokenizer_path", ctx, "tokenizer")
+    check_layer_count(arr.model.path, arr.model.freeze_layers, "actor_rollout_ref.model.freeze_layers", ctx)
     if cfg.use_critic:
         check_model(cfg.critic.model.path, "critic.model.path", ctx, "critic")
         check_layer_count(cfg.critic.model.path or arr.model.path, cfg.critic.model.freeze_layers,

@@ -22,6 +22,7 @@ from torch import nn
 from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig
 from alignctl.errors import UserError
 from alignctl.models.attention import resolve_attn_implementation
+from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
@@ -177,6 +178,10 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     # Copied while still in CPU memory: an offloaded reference never occupies the device whole.
     ref = None if lora is not None else copy.deepcopy(model).eval().requires_grad_(False)
     offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy
+    # After the reference copy (which must not inherit it), before the engine: DDP and the optimizer
+    # take only the parameters that train.
+    freeze_bottom_layers(model, arr.model.freeze_layers, f"actor_rollout_ref.model.path '{arr.model.path}'",
+                         key="actor_rollout_ref.model.freeze_layers")
     if ctx.device == "cuda" and not offload:  # offloaded, fully_shard moves one unit at a time
         model = model.cuda()
     if lora is not None:
