@@ -5,10 +5,14 @@ kept as given. Used by the RL controller (``trainer.device``), ``alignctl plan``
 (``device`` / ``--device``), the SFT and RM stages and the Python API. A leaf: it imports only
 ``errors`` (torch lazily), so config-level modules such as ``plan`` may use it.
 
-(Moving tensors to a worker's device and autocast live in ``workers/device.py``.)
+``autocast`` is the one rule behind every ``precision: bf16`` of a forward pass (RL workers, eval's
+reward-model scoring). (Moving tensors to a worker's device lives in ``workers/device.py``.)
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any
 
 from alignctl.errors import UserError
 
@@ -33,3 +37,20 @@ def resolve_device(name: str = "auto", *, key: str | None = None) -> str:
     if key is not None and name.startswith("cuda") and not cuda_available():
         raise UserError(f"{key} is {name!r} but CUDA is not available on this machine; use 'cpu' or 'auto'")
     return name
+
+
+def torch_device_type(device: str) -> str:
+    """torch.autocast's device_type of a device name ('cuda', 'cuda:1', 'cpu')."""
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """A ``precision`` setting as a context for forward passes: bf16 autocast, or nothing for fp32.
+
+    Only forwards go under it (backward reuses the dtypes the forward chose, as torch advises);
+    parameters and optimizer state keep their own dtype, so small updates are not rounded away."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(device_type=torch_device_type(device), dtype=torch.bfloat16)

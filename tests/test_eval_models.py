@@ -482,3 +482,44 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
                          normalize=False, progress=False)
     convs = [(r.messages, [{"role": "assistant", "content": t[0]}]) for r, t in zip(rows, gens["reference"].texts)]
     assert alone.score(convs, "x") == pytest.approx(scores["reference"][:, 0], abs=1e-5)
+
+
+def test_rm_precision_bf16_scores_under_autocast_close_to_the_closed_form(assets: dict[str, Path]) -> None:
+    """eval's rm_precision=bf16: the score head computes in bf16 (float32 without it), and
+    every reward stays within bf16 rounding of the digit-fraction model's closed form (computed
+    from token ids in float64 here): 8 mantissa bits are ~0.4% per rounding and a forward rounds a
+    few times, so 2% relative; float32 gives the same rewards to 1e-5."""
+    from transformers import AutoTokenizer
+
+    from alignctl.eval.scoring import RewardScorer
+
+    tok = AutoTokenizer.from_pretrained(assets["rm"])
+    rows = pd.read_parquet(assets["data"] / "test.parquet")
+    prompts = [[{"role": m["role"], "content": m["content"]} for m in messages] for messages in rows["prompt"]]
+    replies = ["12", "7 apples", "3 + 4 = 7", "none"]
+    conversations = [(p, [{"role": "assistant", "content": r}]) for p in prompts for r in replies]
+    expected = np.array([expected_rm_score(tok, p, r[0]["content"]) for p, r in conversations])
+    for precision, dtype, rel in (("bf16", torch.bfloat16, 2e-2), ("float32", torch.float32, 1e-5)):
+        scorer = RewardScorer(str(assets["rm"]), device="cpu", dtype="float32", batch_size=8, max_length=None,
+                              normalize=False, progress=False, precision=precision)
+        seen: list[torch.dtype] = []
+        scorer.model.score.register_forward_hook(lambda _m, _args, out: seen.append(out.dtype))
+        scores = scorer.score(conversations, precision)
+        assert seen and set(seen) == {dtype}, precision
+        np.testing.assert_allclose(scores, expected, rtol=rel, atol=1e-6 if precision == "float32" else 1e-3)
+
+
+def test_rm_precision_reaches_the_scorer_through_eval(assets: dict[str, Path]) -> None:
+    """evaluate(rm_precision='bf16') scores under autocast: the digit model still wins every pair and
+    each reward is within bf16 rounding of the float32 eval's."""
+    common = dict(model=assets["digits"], prompts=assets["data"] / "test.parquet", reward_model=assets["rm"],
+                  reference=assets["letters"], max_new_tokens=8, num_bootstrap=100, max_prompts=4)
+    fp32, bf16 = evaluate(**common), evaluate(rm_precision="bf16", **common)
+    assert bf16.win_rate == fp32.win_rate == 1.0
+    for a, b in zip(fp32.samples, bf16.samples):
+        for role in ("policy", "reference"):
+            assert b[role][0]["text"] == a[role][0]["text"]
+            assert b[role][0]["reward"] == pytest.approx(a[role][0]["reward"], rel=2e-2)
+    assert any(b[r][0]["reward"] != a[r][0]["reward"] for a, b in zip(fp32.samples, bf16.samples) for r in ("policy",))
+    with pytest.raises(UserError, match="rm_precision"):
+        load_config(EvalConfig, None, ["policy=x", "prompts=y", "rm_precision=fp16"])

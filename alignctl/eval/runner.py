@@ -84,7 +84,8 @@ def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, lis
 def reward_scorer(cfg: EvalConfig, path: str, device: str, progress: bool) -> Iterator[RewardScorer]:
     """A scorer for the reward model at ``path`` with the eval's settings, closed afterwards."""
     scorer = RewardScorer(path, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
-                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress)
+                          max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress,
+                          precision=cfg.rm_precision)
     try:
         yield scorer
     finally:

@@ -3,7 +3,8 @@
 With a chat template the conversation ``prompt + [assistant response]`` is rendered by the reward
 model's own tokenizer (TRL's RewardTrainer does the same for conversational pairs); without one
 the message contents are joined and the eos token appended (TRL's plain-text rule). The score is
-read at the last real token (:func:`alignctl.models.loading.score_last_token`).
+read at the last real token (:func:`alignctl.models.loading.score_last_token`), in float32 or under
+bf16 autocast (``precision``; a reward model trained with ``trainer.precision=bf16`` saw bf16 forwards).
 
 Identical token sequences are scored once: it saves work when two models agree, and it makes a
 tie a tie (the same sequence in two differently padded batches could differ in the last bit).
@@ -31,7 +32,7 @@ class RewardScorer:
     """A loaded reward model + tokenizer; ``score(conversations) -> np.ndarray``."""
 
     def __init__(self, path: str, *, device: str, dtype: str, batch_size: int, max_length: int | None,
-                 normalize: bool, progress: bool) -> None:
+                 normalize: bool, progress: bool, precision: str = "float32") -> None:
         from alignctl.models.loading import load_reward_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(path, padding_side="right")
@@ -39,6 +40,7 @@ class RewardScorer:
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.device = device
+        self.precision = precision  # "bf16": forwards under bf16 autocast (alignctl.device.autocast)
         self.batch_size = batch_size
         context = getattr(self.model.config, "max_position_embeddings", None)
         self.max_length = max_length or context
@@ -77,12 +79,13 @@ class RewardScorer:
         import torch
 
         from alignctl.batch import pad_rows
+        from alignctl.device import autocast
         from alignctl.models.loading import score_last_token
 
         pad = int(self.tokenizer.pad_token_id)
         out: list[float] = []
         starts = range(0, len(sequences), self.batch_size)
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.device, self.precision):
             for start in track(starts, description, enabled=None if self.progress else False):
                 chunk = sequences[start:start + self.batch_size]
                 ids, mask = pad_rows(chunk, pad)

@@ -1,8 +1,8 @@
-"""Moving Batches between the controller (CPU) and a worker's device."""
+"""Moving Batches between the controller (CPU) and a worker's device; the LM head kept in float32 under
+autocast (``autocast`` itself is :func:`alignctl.device.autocast`, re-exported for the workers)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -10,6 +10,9 @@ from typing import Any, TypeVar
 import torch
 
 from alignctl.batch import Batch
+from alignctl.device import autocast, torch_device_type
+
+__all__ = ["autocast", "float32_output_head", "on_worker_device"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,21 +29,6 @@ def on_worker_device(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
-    """``trainer.precision`` as a context for forward passes: bf16 autocast, or nothing for fp32.
-
-    Only forwards go under it (backward reuses the dtypes the forward chose, as torch advises);
-    parameters and optimizer state keep their own dtype, so small updates are not rounded away."""
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=_device_type(device), dtype=torch.bfloat16)
-
-
-def _device_type(device: str) -> str:
-    """torch.autocast's device_type of a worker device ('cuda', 'cuda:1', 'cpu')."""
-    return "cuda" if device.startswith("cuda") else "cpu"
-
-
 def float32_output_head(model: Any, device: str) -> None:
     """Run ``model``'s output projection (the LM head) in float32 even under bf16 autocast.
 
@@ -51,7 +39,7 @@ def float32_output_head(model: Any, device: str) -> None:
     if head is None or getattr(head, "_alignctl_fp32", False):
         return
     plain = head.forward
-    device_type = _device_type(device)
+    device_type = torch_device_type(device)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=device_type, enabled=False):

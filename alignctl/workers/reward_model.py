@@ -19,7 +19,6 @@ from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.eval.scoring import RewardScorer
-from alignctl.workers.device import autocast
 from alignctl.workers.group import DistContext
 from alignctl.workers.offload import ParkedModule
 
@@ -30,15 +29,14 @@ class RewardModelWorker:
     def __init__(self, ctx: DistContext, config: dict[str, Any]) -> None:
         cfg: RLConfig = build_config(RLConfig, config)
         rm = cfg.reward_model
-        self.device, self.precision = ctx.device, cfg.trainer.precision
         self.scorer = RewardScorer(rm.model.path, device=ctx.device, dtype=cfg.actor_rollout_ref.model.dtype,
                                    batch_size=rm.micro_batch_size_per_gpu or 64, max_length=None,
-                                   normalize=rm.normalize, progress=False)
+                                   normalize=rm.normalize, progress=False, precision=cfg.trainer.precision)
         self.parking = ParkedModule(self.scorer.model, ctx.device) if rm.model.fsdp_config.param_offload else None
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         reply = [[{"role": "assistant", "content": text}] for text in batch["response_text"]]
         parked = self.parking.on_device() if self.parking is not None else contextlib.nullcontext()
-        with parked, autocast(self.device, self.precision):
+        with parked:
             scores = self.scorer.score(list(zip(batch["raw_prompt"], reply)), "reward model")
         return Batch({"rm_scores": torch.as_tensor(scores, dtype=torch.float32)})

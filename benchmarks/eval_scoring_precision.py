@@ -1,0 +1,113 @@
+"""eval's ``rm_precision=bf16`` vs ``float32``: scoring an eval's answers with a reward model.
+
+Same process, same reward model, same (prompt, answer) conversations, both sides alternating (A B A B)
+through :class:`alignctl.eval.scoring.RewardScorer`, the class eval and the RL reward worker use.
+"ours" is bf16 autocast, the baseline float32; the ratio is float32 time / bf16 time.
+
+With ``--eval DIR`` (a finished eval folder: its generations.json and, from its manifest, the
+prompts and the judge) it scores that eval's answers with that judge and also prints how often the
+two precisions agree on the verdict policy-vs-reference per prompt (win / tie / loss), and the win
+rate each gives. Without it, a randomly initialised SmolLM2-135M-shaped reward model scores
+synthetic replies (timing only; the verdicts of a random model mean nothing).
+
+Run: ``python benchmarks/eval_scoring_precision.py [--eval DIR] [--quick] [--json out.json] [--threads N]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report, set_threads, summarize, time_interleaved  # noqa: E402
+
+from alignctl.eval.scoring import RewardScorer, response_conversations  # noqa: E402
+
+
+def random_reward_model(folder: Path, layers: int) -> str:
+    """A SmolLM2-135M-shaped LlamaForSequenceClassification with a tiny word-level tokenizer."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, num_labels=1)
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(folder)
+    vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{str(i): 3 + i for i in range(1000)}, "+": 1003, "=": 1004}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+    return str(folder)
+
+
+def synthetic_conversations(count: int) -> list[tuple[list[dict[str, str]], list[dict[str, str]]]]:
+    """Prompts of ~60 tokens and replies of ~25, like the quickstart's."""
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        prompt = " ".join(str(v) for v in rng.integers(0, 1000, 60))
+        reply = " ".join(str(v) for v in rng.integers(0, 1000, 25))
+        out.append(([{"role": "user", "content": prompt}], [{"role": "assistant", "content": reply}]))
+    return out
+
+
+def eval_conversations(folder: Path) -> tuple[str, list[Any], int]:
+    """The judge (or reward model) of a finished eval, and its answers: policy's then reference's."""
+    import pandas as pd
+
+    config = json.loads((folder / "manifest.json").read_text())["config"]
+    model = config.get("judge_model") or config["reward_model"]
+    prompts = [list(p) for p in pd.read_parquet(config["prompts"])[config.get("prompt_key", "prompt")]]
+    gens = json.loads((folder / "generations.json").read_text())
+    conversations = [c for role in ("policy", "reference") for c in response_conversations(prompts, gens[role]["texts"])]
+    return model, conversations, len(prompts)
+
+
+def verdicts(scores: np.ndarray, prompts: int) -> np.ndarray:
+    """+1 / 0 / -1 per prompt: policy's (first n=1 answer) score above, equal to, below the reference's."""
+    return np.sign(scores[:prompts] - scores[prompts:2 * prompts])
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--eval", default=None, metavar="DIR", help="a finished eval folder (real judge and answers)")
+    parser.add_argument("--quick", action="store_true", help="small workload (smoke run)")
+    parser.add_argument("--json", default=None, metavar="OUT")
+    parser.add_argument("--threads", type=int, default=None, metavar="N")
+    args = parser.parse_args()
+    threads = set_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.eval:
+            model, conversations, prompts = eval_conversations(Path(args.eval))
+        else:
+            model = random_reward_model(Path(tmp), 4 if args.quick else 30)
+            conversations, prompts = synthetic_conversations(32 if args.quick else 400), 0
+        scorers = {p: RewardScorer(model, device="cpu", dtype="float32", batch_size=64, max_length=None,
+                                   normalize=True, progress=False, precision=p) for p in ("bf16", "float32")}
+        scores = {p: s.score(conversations, p) for p, s in scorers.items()}
+        times = time_interleaved({p: (lambda s=s: s.score(conversations, "timed")) for p, s in scorers.items()},
+                                 warmup=0, repeats=1 if args.quick else 3)
+    setup: dict[str, Any] = {"model": model if args.eval else "random SmolLM2-shaped", "conversations": len(conversations),
+                             "threads": threads, "max_abs_score_gap": float(np.abs(scores["bf16"] - scores["float32"]).max())}
+    if prompts:
+        bf16, fp32 = verdicts(scores["bf16"], prompts), verdicts(scores["float32"], prompts)
+        setup.update(verdict_agreement=float(np.mean(bf16 == fp32)),
+                     win_rate_bf16=float(np.mean((bf16 + 1) / 2)), win_rate_float32=float(np.mean((fp32 + 1) / 2)))
+    print(json.dumps(setup, indent=1))
+    ours, base = (summarize(times[p]["wall"])["median"] for p in ("bf16", "float32"))
+    report("eval scoring: rm_precision bf16 vs float32", ours, base, "s per scoring pass", setup,
+           higher_is_better=False, json_path=args.json)
+
+
+if __name__ == "__main__":
+    main()
