@@ -468,7 +468,7 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
                           normalize=False, progress=False)
     scored: list[int] = []
     plain = scorer._score_unique
-    scorer._score_unique = lambda seqs, desc: (scored.append(len(seqs)), plain(seqs, desc))[1]  # type: ignore[method-assign]
+    scorer._score_unique = lambda seqs, lengths, desc: (scored.append(len(seqs)), plain(seqs, lengths, desc))[1]  # type: ignore[method-assign]
     rows = [SimpleNamespace(messages=[{"role": "user", "content": f"Tom has {i} pens."}]) for i in range(3)]
     gens = {"policy": SimpleNamespace(texts=[["12"], ["7 apples"], ["3"]]),
             "reference": SimpleNamespace(texts=[["12"], ["seven"], ["3"]])}

@@ -406,3 +406,31 @@ def test_pipeline_yamls_load() -> None:
     for name in ("arith_rm.yaml", "hh_rm.yaml"):
         cfg = load_config(RewardModelConfig, REPO_ROOT / "pipelines" / name)
         assert cfg.data.train_files and cfg.data.val_files and cfg.model.path
+
+
+def test_share_prompt_gives_the_trainers_batch_the_scores_of_the_padded_forward(small: tuple[Path, Path],
+                                                                                 tmp_path: Path) -> None:
+    """share_prompt (the default) computes what a pair's chosen and rejected sides share once; on a
+    collated TRL batch its logits equal those of the same model's padded forward (share_prompt=false,
+    transformers' own pooling) to float rounding, and its loss has the same gradient."""
+    data, model = small
+    train = data / "pref_train.parquet"
+    shared, pairs, _ = _rm_trainer(rm_config(model, train, None, tmp_path / "a"), train)
+    padded, _, _ = _rm_trainer(rm_config(model, train, None, tmp_path / "b", "share_prompt=false"), train)
+    padded.model.load_state_dict(shared.model.state_dict())  # the same score head (it starts random)
+    batch = shared.data_collator([shared.train_dataset[i] for i in range(6)])
+    assert shared.model.config._attn_implementation == "alignctl_segment_sdpa"
+    assert padded.model.config._attn_implementation == "sdpa"
+    grads = []
+    for trainer in (shared, padded):
+        trainer.model.zero_grad()
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        chosen, rejected = logits.squeeze(-1).chunk(2)
+        torch.nn.functional.logsigmoid(chosen - rejected).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        if trainer is shared:
+            first = logits.detach()
+    torch.testing.assert_close(first, logits.detach(), rtol=0, atol=1e-5)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)

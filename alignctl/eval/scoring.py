@@ -3,8 +3,10 @@
 With a chat template the conversation ``prompt + [assistant response]`` is rendered by the reward
 model's own tokenizer (TRL's RewardTrainer does the same for conversational pairs); without one
 the message contents are joined and the eos token appended (TRL's plain-text rule). The score is
-read at the last real token (:func:`alignctl.models.loading.score_last_token`), in float32 or under
-bf16 autocast (``precision``; a reward model trained with ``trainer.precision=bf16`` saw bf16 forwards).
+read at the last real token, in float32 or under bf16 autocast (``precision``; a reward model trained
+with ``trainer.precision=bf16`` saw bf16 forwards). The sequences of one prompt are packed together
+and their common start is computed once (:func:`alignctl.models.reward_forward.score_shared_prompts`;
+the same scores to float rounding).
 
 Identical token sequences are scored once: it saves work when two models agree, and it makes a
 tie a tie (the same sequence in two differently padded batches could differ in the last bit).
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from alignctl.console import track
+from alignctl.models.reward_forward import group_prompt_lengths
 
 # The keys alignctl.trainers.reward_model writes into the saved config (tests check they agree).
 REWARD_MEAN_KEY = "alignctl_reward_mean"
@@ -33,10 +36,13 @@ class RewardScorer:
 
     def __init__(self, path: str, *, device: str, dtype: str, batch_size: int, max_length: int | None,
                  normalize: bool, progress: bool, precision: str = "float32") -> None:
+        from alignctl.models.attention import resolve_attn_implementation
         from alignctl.models.loading import load_reward_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(path, padding_side="right")
-        self.model = load_reward_model(path, dtype=dtype).to(device).eval()
+        # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed.
+        attn = resolve_attn_implementation("auto", device=device, packing=True)
+        self.model = load_reward_model(path, dtype=dtype, attn_implementation=attn).to(device).eval()
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.device = device
@@ -66,8 +72,16 @@ class RewardScorer:
     def score(self, conversations: Sequence[tuple[Messages, Messages]], description: str) -> np.ndarray:
         """Rewards [len(conversations)] for (prompt messages, reply messages) pairs."""
         encoded = [tuple(self.encode(p, r)) for p, r in conversations]
-        unique = sorted(set(encoded), key=len)  # similar lengths share a batch: less padding
-        scores = self._score_unique([list(u) for u in unique], description)
+        # Distinct sequences, grouped by prompt text (first appearance order): a group's common
+        # start is computed once. The grouping only decides what may share; what is shared is the
+        # groups' common tokens (alignctl.models.reward_forward), so a loose key cannot change a score.
+        groups: dict[tuple[tuple[str, str], ...], dict[tuple[int, ...], None]] = {}
+        for (prompt, _), seq in zip(conversations, encoded):
+            key = tuple((str(m.get("role")), str(m.get("content"))) for m in prompt)
+            groups.setdefault(key, {})[seq] = None
+        members = [list(group) for group in groups.values()]
+        unique = [seq for group in members for seq in group]
+        scores = self._score_unique([list(u) for u in unique], group_prompt_lengths(members), description)
         lookup = dict(zip(unique, scores))
         rewards = np.array([lookup[e] for e in encoded], dtype=np.float64)
         if self.normalization is not None:
@@ -75,21 +89,19 @@ class RewardScorer:
             rewards = (rewards - mean) / std
         return rewards
 
-    def _score_unique(self, sequences: list[list[int]], description: str) -> list[float]:
+    def _score_unique(self, sequences: list[list[int]], prompt_lengths: list[int], description: str) -> list[float]:
         import torch
 
-        from alignctl.batch import pad_rows
         from alignctl.device import autocast
-        from alignctl.models.loading import score_last_token
+        from alignctl.models.reward_forward import score_shared_prompts
 
         pad = int(self.tokenizer.pad_token_id)
         out: list[float] = []
         starts = range(0, len(sequences), self.batch_size)
         with torch.inference_mode(), autocast(self.device, self.precision):
             for start in track(starts, description, enabled=None if self.progress else False):
-                chunk = sequences[start:start + self.batch_size]
-                ids, mask = pad_rows(chunk, pad)
-                scores = score_last_token(self.model, ids.to(self.device), mask.to(self.device))
+                end = start + self.batch_size
+                scores = score_shared_prompts(self.model, sequences[start:end], prompt_lengths[start:end], pad)
                 out.extend(float(v) for v in scores.cpu())
         return out
 

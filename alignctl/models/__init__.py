@@ -7,6 +7,7 @@ Submodules (import them directly; this package imports nothing heavy):
 - ``tiny``       init_model: tokenizer trained on local data + seeded random model, HF format
 - ``attention``  block-diagonal masks and the ``alignctl_segment_sdpa`` attention implementation
 - ``forward``    compute_log_probs / compute_values, padded or packed (remove padding)
+- ``reward_forward`` score_shared_prompts: reward scores with a shared prompt computed once
 - ``microbatch`` fixed and token-budgeted micro-batches, balance_batch, restore_order
 - ``blocks``     transformer_blocks: the repeated blocks (FSDP2 wrap units, freeze_layers)
 """

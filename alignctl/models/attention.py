@@ -186,8 +186,8 @@ def resolve_attn_implementation(name: str, *, device: str, packing: bool) -> str
     other, and a dense block mask costs the square of the whole row), else ``sdpa``.
 
     ``device`` is where the model runs: a worker's device for RL roles, this process's for the
-    TRL stages (sft, train-rm). ``packing``: RL's ``use_remove_padding``, SFT's ``packing``; the
-    RM stage never packs.
+    TRL stages (sft, train-rm). ``packing``: RL's ``use_remove_padding``, SFT's ``packing``,
+    train-rm's ``share_prompt``.
 
     One rule replaced two: the SFT/RM stages used to pick flash attention on any CUDA machine with
     flash_attn, packed or not. The RL rule is kept because flash attention's gain is the varlen

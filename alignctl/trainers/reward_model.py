@@ -86,7 +86,7 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
 
     from alignctl.models.attention import resolve_attn_implementation
 
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, device=resolve_device(), packing=False)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device=resolve_device(), packing=cfg.share_prompt)
     kwargs = common.training_kwargs(cfg, scratch, has_eval=val is not None, max_length=cfg.data.max_length,
                                     attn_implementation=attn)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)
@@ -98,6 +98,10 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     common.drop_printer_callback(trainer)
     from alignctl.models.blocks import freeze_bottom_layers
     freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"train-rm: model.path '{cfg.model.path}'")
+    if cfg.share_prompt:
+        from alignctl.models.reward_forward import use_shared_prompt_forward
+        pad = tokenizer.pad_token_id
+        use_shared_prompt_forward(trainer.model, int(pad) if pad is not None else 0)  # pads are never read
     return trainer
 
 
