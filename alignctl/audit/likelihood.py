@@ -16,10 +16,11 @@ chat template's end-of-turn tokens count as part of the reply.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from alignctl.models.reward_forward import common_prefix_length
 
 Messages = list[dict[str, str]]
 
@@ -33,20 +34,11 @@ def prompt_ids(tokenizer: Any, prompt: Messages) -> list[int]:
     return [int(t) for t in tokenizer("".join(m["content"] for m in prompt))["input_ids"]]
 
 
-def reply_start(prompt: Sequence[int], full: Sequence[int]) -> int:
-    """Length of the common prefix: where the reply's tokens begin in ``full``."""
-    start = 0
-    for a, b in zip(prompt, full):
-        if a != b:
-            break
-        start += 1
-    return start
-
-
 def encode_pair(tokenizer: Any, encode: Any, prompt: Messages, reply: Messages) -> tuple[list[int], int]:
     """(token ids of prompt + reply, index of the first reply token); at least one reply token."""
     full = encode(prompt, reply)
-    start = min(reply_start(prompt_ids(tokenizer, prompt), full), len(full) - 1)
+    # The reply's tokens begin where the rendered prompt stops matching the whole conversation.
+    start = min(common_prefix_length(prompt_ids(tokenizer, prompt), full), len(full) - 1)
     return full, max(start, 1)  # token 0 has no context to be predicted from
 
 
