@@ -88,11 +88,7 @@ def accuracy_by_group(chosen: torch.Tensor, rejected: torch.Tensor, groups: list
 
     One overall number can hide a reward model that has learned only the easy kind of pair (on
     arith: a final number that disagrees with the worked steps) and guesses on the rest."""
-    if len(groups) != chosen.numel():
-        raise ValueError(f"{len(groups)} group labels for {chosen.numel()} pairs")
-    right = (chosen > rejected).tolist()
-    table = []
-    for name in sorted(set(groups)):
-        members = [ok for ok, g in zip(right, groups) if g == name]
-        table.append(GroupAccuracy(name, len(members), sum(members) / len(members)))
-    return table
+    from alignctl.audit.checks import accuracy_by_group as shares_by_group  # the audit's per-group count
+
+    table = shares_by_group((chosen > rejected).tolist(), groups)
+    return [GroupAccuracy(name, int(row["pairs"]), float(row["accuracy"])) for name, row in table.items()]
