@@ -484,6 +484,31 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
     assert alone.score(convs, "x") == pytest.approx(scores["reference"][:, 0], abs=1e-5)
 
 
+def test_pairs_are_scored_in_one_call_and_match_the_closed_form(assets: dict[str, Path]) -> None:
+    """score_pairs sends chosen and rejected to one scorer call (so a pair's prompt is computed once
+    for both replies); each side equals the digit-fraction model's closed form, computed from token
+    ids here, and a pair with identical replies ties exactly."""
+    from transformers import AutoTokenizer
+
+    from alignctl.eval.scoring import RewardScorer
+
+    tok = AutoTokenizer.from_pretrained(assets["rm"])
+    scorer = RewardScorer(str(assets["rm"]), device="cpu", dtype="float32", batch_size=3, max_length=None,
+                          normalize=False, progress=False)
+    calls: list[int] = []
+    plain = scorer._score_unique
+    scorer._score_unique = lambda seqs, lengths, desc: (calls.append(len(seqs)), plain(seqs, lengths, desc))[1]  # type: ignore[method-assign]
+    say = [{"role": "user", "content": "Tom has 3 pens."}], [{"role": "user", "content": "Ann has 12 pens."}]
+    reply = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+    pairs = [(say[0], reply("12"), reply("twelve")), (say[1], reply("7 apples"), reply("3 + 4 = 7")),
+             (say[1], reply("9"), reply("9"))]
+    chosen, rejected = scorer.score_pairs(pairs, "pairs")
+    assert calls == [5]  # six replies, five distinct sequences, one call
+    np.testing.assert_allclose(chosen, [expected_rm_score(tok, p, c[0]["content"]) for p, c, _ in pairs], atol=1e-5)
+    np.testing.assert_allclose(rejected, [expected_rm_score(tok, p, r[0]["content"]) for p, _, r in pairs], atol=1e-5)
+    assert chosen[2] == rejected[2] and chosen[0] > rejected[0]
+
+
 def test_rm_precision_bf16_scores_under_autocast_close_to_the_closed_form(assets: dict[str, Path]) -> None:
     """eval's rm_precision=bf16: the score head computes in bf16 (float32 without it), and
     every reward stays within bf16 rounding of the digit-fraction model's closed form (computed

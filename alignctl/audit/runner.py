@@ -217,8 +217,7 @@ def _given_rm_scores(opts: AuditOptions, convs: list[tuple[Messages, Messages, M
                      scorable: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
     scorer = _scorer(opts, str(opts.reward_model))
     try:
-        chosen = scorer.score([convs[i][:2] for i in scorable], "scoring chosen")
-        rejected = scorer.score([(convs[i][0], convs[i][2]) for i in scorable], "scoring rejected")
+        chosen, rejected = scorer.score_pairs([convs[i] for i in scorable], "scoring pairs")
     finally:
         scorer.close()
     return np.asarray(chosen), np.asarray(rejected), scorer.truncated

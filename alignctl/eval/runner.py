@@ -120,8 +120,7 @@ def preference_consistency(scorer: RewardScorer, pairs: list[PreferencePair]) ->
 
     from alignctl.algos import preference_accuracy
 
-    chosen = scorer.score([(p.prompt, p.chosen) for p in pairs], "scoring preference pairs (chosen)")
-    rejected = scorer.score([(p.prompt, p.rejected) for p in pairs], "scoring preference pairs (rejected)")
+    chosen, rejected = scorer.score_pairs([(p.prompt, p.chosen, p.rejected) for p in pairs], "scoring preference pairs")
     accuracy = float(preference_accuracy(torch.from_numpy(chosen), torch.from_numpy(rejected)))
     return {"accuracy": accuracy, "pairs": float(len(pairs)), "ties": float(np.sum(chosen == rejected)),
             "mean_margin": float(np.mean(chosen - rejected))}

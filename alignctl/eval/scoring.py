@@ -89,6 +89,15 @@ class RewardScorer:
             rewards = (rewards - mean) / std
         return rewards
 
+    def score_pairs(self, pairs: Sequence[tuple[Messages, Messages, Messages]],
+                    description: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rewards of (prompt, chosen, rejected) triples' chosen and rejected replies [len(pairs)] each.
+        Both sides go to one ``score`` call, so a pair's prompt is computed once for its two replies."""
+        chosen = [(prompt, good) for prompt, good, _ in pairs]
+        rejected = [(prompt, bad) for prompt, _, bad in pairs]
+        scores = self.score(chosen + rejected, description)
+        return scores[:len(pairs)], scores[len(pairs):]
+
     def _score_unique(self, sequences: list[list[int]], prompt_lengths: list[int], description: str) -> list[float]:
         import torch
 
