@@ -1,15 +1,18 @@
-"""The quickstart on SmolLM2 over several seeds: the learning numbers docs/quickstart.md reports (issue 16).
+"""The SmolLM2 pipelines over several seeds: the learning numbers docs/quickstart.md reports (issue 16).
 
-    .venv/bin/python scripts/quickstart_seeds.py [--seeds 0 1 2] [--summary-only]
+    .venv/bin/python scripts/quickstart_seeds.py [--pipeline quickstart|hh_smollm2] [--seeds 0 1 2] [--summary-only]
 
-Seed ``s`` runs ``alignctl run pipelines/quickstart.yaml`` with the SFT and reward-model trainers seeded
-``s`` and the RL trainers and prompt shuffles seeded ``s + 1``, so seed 0 is exactly the README's
-command (the RL seeds default to 1). Seed 0 works in ``work/quickstart``, seed ``s`` in
-``work/quickstart_s<s>``; the import is cached per workdir. The judge reward model keeps its own
-seed and data in every run, so all seeds are judged the same way.
+quickstart: seed ``s`` runs ``alignctl run pipelines/quickstart.yaml`` with the SFT and reward-model
+trainers seeded ``s`` and the RL trainers and prompt shuffles seeded ``s + 1``, so seed 0 is exactly the
+README's command (the RL seeds default to 1). The judge reward model keeps its own seed and data in
+every run, so all seeds are judged the same way.
 
-Prints one JSON line per seed (each stage's wall time and the headline numbers read back from the
-stages' manifests), then mean and worst of each number over the seeds. ``--summary-only`` reads
+hh_smollm2: seed ``s`` seeds the PPO reward model ``s``, the judge ``s + 1`` (its default is 1), and
+PPO and its prompt shuffle ``s + 1`` (their defaults are 1), eval's bootstrap ``s``, so seed 0 is exactly ``alignctl run pipelines/hh_smollm2.yaml``.
+
+Seed 0 works in ``work/<pipeline>``, seed ``s`` in ``work/<pipeline>_s<s>``; the import is cached per
+workdir. Prints one JSON line per seed (each stage's wall time and the headline numbers read back from
+the stages' manifests), then mean and worst of each number over the seeds. ``--summary-only`` reads
 finished workdirs without running anything.
 """
 
@@ -21,34 +24,60 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE = ROOT / "pipelines" / "quickstart.yaml"
-# Headline numbers: (label, stage, metric key); gains are computed below.
-HEADLINES = [
-    ("rm_accuracy", "reward_model", "val/accuracy"),
-    ("judge_accuracy", "judge", "val/accuracy"),
-    ("sft_accuracy", "eval_grpo", "reference_accuracy/arith/pass@1"),
-    ("grpo_accuracy", "eval_grpo", "accuracy/arith/pass@1"),
-    ("ppo_accuracy", "eval_ppo", "accuracy/arith/pass@1"),
-    ("grpo_judge_win", "eval_grpo", "judge_win_rate"),
-    ("grpo_judge_win_ci_low", "eval_grpo", "judge_win_rate_ci_low"),
-    ("ppo_judge_win", "eval_ppo", "judge_win_rate"),
-    ("ppo_judge_win_ci_low", "eval_ppo", "judge_win_rate_ci_low"),
-    ("ppo_own_rm_win", "eval_ppo", "win_rate"),
-]
 
 
-def workdir(seed: int) -> Path:
-    return ROOT / "work" / ("quickstart" if seed == 0 else f"quickstart_s{seed}")
+@dataclass(frozen=True)
+class Pipeline:
+    headlines: list[tuple[str, str, str]]  # (label, stage, metric key); gains are computed in seed_row
+    seed_overrides: Callable[[int], list[str]]
 
 
-def overrides(seed: int) -> list[str]:
+def _quickstart_overrides(seed: int) -> list[str]:
     rl = seed + 1
     return [f"sft.trainer.seed={seed}", f"reward_model.trainer.seed={seed}",
-            f"grpo.trainer.seed={rl}", f"grpo.data.seed={rl}", f"ppo.trainer.seed={rl}", f"ppo.data.seed={rl}",
-            f"workdir={workdir(seed)}"]
+            f"grpo.trainer.seed={rl}", f"grpo.data.seed={rl}", f"ppo.trainer.seed={rl}", f"ppo.data.seed={rl}"]
+
+
+def _hh_overrides(seed: int) -> list[str]:
+    other = seed + 1
+    return [f"reward_model.trainer.seed={seed}", f"judge.trainer.seed={other}", f"ppo.trainer.seed={other}",
+            f"ppo.data.seed={other}", f"eval.seed={seed}"]
+
+
+PIPELINES = {
+    "quickstart": Pipeline([
+        ("rm_accuracy", "reward_model", "val/accuracy"),
+        ("judge_accuracy", "judge", "val/accuracy"),
+        ("sft_accuracy", "eval_grpo", "reference_accuracy/arith/pass@1"),
+        ("grpo_accuracy", "eval_grpo", "accuracy/arith/pass@1"),
+        ("ppo_accuracy", "eval_ppo", "accuracy/arith/pass@1"),
+        ("grpo_judge_win", "eval_grpo", "judge_win_rate"),
+        ("grpo_judge_win_ci_low", "eval_grpo", "judge_win_rate_ci_low"),
+        ("ppo_judge_win", "eval_ppo", "judge_win_rate"),
+        ("ppo_judge_win_ci_low", "eval_ppo", "judge_win_rate_ci_low"),
+        ("ppo_own_rm_win", "eval_ppo", "win_rate"),
+    ], _quickstart_overrides),
+    "hh_smollm2": Pipeline([
+        ("rm_accuracy_half_b", "eval", "preference_accuracy"),
+        ("rm_val_accuracy", "reward_model", "val/accuracy"),
+        ("judge_val_accuracy", "judge", "val/accuracy"),
+        ("ppo_judge_win", "eval", "judge_win_rate"),
+        ("ppo_judge_win_ci_low", "eval", "judge_win_rate_ci_low"),
+        ("ppo_own_rm_win", "eval", "win_rate"),
+        ("ppo_own_rm_win_ci_low", "eval", "win_rate_ci_low"),
+        ("policy_length", "eval", "mean_length"),
+        ("reference_length", "eval", "reference_mean_length"),
+    ], _hh_overrides),
+}
+
+
+def workdir(pipeline: str, seed: int) -> Path:
+    return ROOT / "work" / (pipeline if seed == 0 else f"{pipeline}_s{seed}")
 
 
 def newest_manifests(folder: Path) -> dict[str, dict]:
@@ -62,18 +91,20 @@ def newest_manifests(folder: Path) -> dict[str, dict]:
     return found
 
 
-def seed_row(seed: int, wall_s: float | None) -> dict:
-    manifests = newest_manifests(workdir(seed))
-    row: dict = {"seed": seed, "workdir": str(workdir(seed).relative_to(ROOT))}
-    for label, stage, key in HEADLINES:
+def seed_row(pipeline: str, seed: int, wall_s: float | None) -> dict:
+    manifests = newest_manifests(workdir(pipeline, seed))
+    row: dict = {"seed": seed, "workdir": str(workdir(pipeline, seed).relative_to(ROOT))}
+    for label, stage, key in PIPELINES[pipeline].headlines:
         row[label] = manifests.get(stage, {}).get("metrics", {}).get(key)
     for stage, prefix in (("reward_model", "rm"), ("judge", "judge")):  # accuracy per kind of wrong answer
         for key, value in manifests.get(stage, {}).get("metrics", {}).items():
             if key.startswith("val/accuracy/"):
                 row[f"{prefix}_accuracy_{key.removeprefix('val/accuracy/')}"] = value
     for policy in ("grpo", "ppo"):
-        if row[f"{policy}_accuracy"] is not None and row["sft_accuracy"] is not None:
+        if row.get(f"{policy}_accuracy") is not None and row.get("sft_accuracy") is not None:
             row[f"{policy}_gain_pts"] = round(100 * (row[f"{policy}_accuracy"] - row["sft_accuracy"]), 1)
+    if row.get("policy_length") and row.get("reference_length"):
+        row["length_change_pct"] = round(100 * (row["policy_length"] / row["reference_length"] - 1), 1)
     row["stage_wall_s"] = {name: round(m["wall_time_s"]) for name, m in sorted(manifests.items())}
     row["stages_wall_s"] = round(sum(m["wall_time_s"] for m in manifests.values()))
     row["run_wall_s"] = None if wall_s is None else round(wall_s)
@@ -93,6 +124,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="quickstart")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--summary-only", action="store_true", help="Read finished workdirs; run nothing.")
     args = parser.parse_args()
@@ -102,14 +134,15 @@ def main() -> int:
         if not args.summary_only:
             start = time.perf_counter()
             done = subprocess.run(  # -m from ROOT: this checkout's alignctl, even where the venv points elsewhere
-                [sys.executable, "-m", "alignctl", "run", str(PIPELINE), *overrides(seed)], cwd=ROOT)
+                [sys.executable, "-m", "alignctl", "run", str(ROOT / "pipelines" / f"{args.pipeline}.yaml"),
+                 *PIPELINES[args.pipeline].seed_overrides(seed), f"workdir={workdir(args.pipeline, seed)}"], cwd=ROOT)
             wall = time.perf_counter() - start
             if done.returncode != 0:
                 print(f"seed {seed}: alignctl run exited {done.returncode}", file=sys.stderr)
                 return done.returncode
-        rows.append(seed_row(seed, wall))
+        rows.append(seed_row(args.pipeline, seed, wall))
         print(json.dumps(rows[-1]), flush=True)
-    print(json.dumps({"seeds": args.seeds, "summary": summarize(rows)}))
+    print(json.dumps({"pipeline": args.pipeline, "seeds": args.seeds, "summary": summarize(rows)}))
     return 0
 
 
