@@ -72,6 +72,8 @@ PIPELINES = {
         ("ppo_own_rm_win_ci_low", "eval", "win_rate_ci_low"),
         ("policy_length", "eval", "mean_length"),
         ("reference_length", "eval", "reference_mean_length"),
+        ("policy_repetitive", "eval", "repetition_rate"),
+        ("reference_repetitive", "eval", "reference_repetition_rate"),
     ], _hh_overrides),
 }
 

@@ -185,6 +185,25 @@ def digits_vs_letters(assets: dict[str, Path]) -> EvalResults:
                     reference=assets["letters"], n=2, do_sample=True, max_new_tokens=8, num_bootstrap=200)
 
 
+def test_repetition_rates_are_counted_over_each_models_samples(digits_vs_letters: EvalResults) -> None:
+    """The policy's and the reference's repetition rates, recounted from their own samples' texts."""
+    from alignctl.eval.repetition import repetition_rate
+
+    for role, key in (("policy", "repetition_rate"), ("reference", "reference_repetition_rate")):
+        texts = [s["text"] for sample in digits_vs_letters.samples for s in sample[role]]
+        assert len(texts) == 20 and getattr(digits_vs_letters, key) == repetition_rate(texts)
+        assert digits_vs_letters.headline()[key] == getattr(digits_vs_letters, key)
+
+
+def test_a_policy_that_repeats_itself_gets_a_warning(tmp_path: Path) -> None:
+    from alignctl.eval.runner import verdict_fields
+
+    cfg = load_config(EvalConfig, None, [f"policy={tmp_path}", "prompts=p.parquet"])
+    calm = verdict_fields(cfg, {"repetition_rate": 0.15, "reference_repetition_rate": 0.10}, {})
+    loud = verdict_fields(cfg, {"repetition_rate": 0.26, "reference_repetition_rate": 0.10}, {})
+    assert calm["warnings"] == [] and len(loud["warnings"]) == 1 and "degenerate repetition" in loud["warnings"][0]
+
+
 def test_rule_win_rate_matches_the_samples_correctness(digits_vs_letters: EvalResults) -> None:
     """The rule win rate, recounted from each sample's own correctness flag (ties half)."""
     pairs = [(1.0 if p["correct"] else 0.0) - (1.0 if r["correct"] else 0.0)

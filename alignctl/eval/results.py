@@ -56,6 +56,9 @@ class EvalResults:
     reference_mean_length: float | None = None
     truncated_fraction: float = 0.0
     reference_truncated_fraction: float | None = None
+    # Share of responses that repeat one phrase (alignctl.eval.repetition).
+    repetition_rate: float = 0.0
+    reference_repetition_rate: float | None = None
     # Rule accuracy per data source ({"pass@1", "pass@k", "maj@k", "num_prompts"}).
     accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
     reference_accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -81,7 +84,7 @@ class EvalResults:
         """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
         out: dict[str, float] = {"num_prompts": float(self.num_prompts), "n": float(self.n)}
         for key in ("win_rate", "lc_win_rate", "judge_win_rate", "rule_win_rate", "mean_reward", "reference_mean_reward", "preference_accuracy",
-                    "mean_length", "reference_mean_length"):
+                    "mean_length", "reference_mean_length", "repetition_rate", "reference_repetition_rate"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = float(value)

@@ -30,6 +30,7 @@ from alignctl.eval import reuse, stats
 from alignctl.eval.accuracy import rule_accuracy
 from alignctl.eval.data import PreferencePair, PromptRow, load_preference_pairs, load_prompt_rows, rows_from_python
 from alignctl.eval.generate import Generations, generate, tokenize_prompts
+from alignctl.eval.repetition import repetition_rate, repetition_warning
 from alignctl.eval.results import EvalResults, number_text
 from alignctl.eval.scoring import RewardScorer, response_conversations
 
@@ -208,10 +209,12 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         fields.update(rule_win_fields(correct["policy"], correct["reference"], cfg))
         fields["reference_mean_length"] = float(gens["reference"].char_lengths.mean())
         fields["reference_truncated_fraction"] = float(np.mean(gens["reference"].truncated))
+        fields["reference_repetition_rate"] = repetition_rate(t for row in gens["reference"].texts for t in row)
         fields["reference_accuracy"] = accuracy["reference"]
     fields.update(curves)
     if cfg.judge_model and "reference" in gens:
         fields.update(judge_fields(cfg, rows, gens, device, progress))
+    fields["repetition_rate"] = repetition_rate(t for row in gens["policy"].texts for t in row)
     fields.update(verdict_fields(cfg, fields, accuracy))
     fields["notes"] = fields["notes"] + [f"{role} responses reused from {source} (same model, prompts and "
                                          f"generation settings)" for role, source in reused.items()]
@@ -253,6 +256,8 @@ def verdict_fields(cfg: EvalConfig, fields: dict[str, Any], accuracy: dict[str, 
         judge_win_rate=fields.get("judge_win_rate"), judge_win_rate_ci=fields.get("judge_win_rate_ci"),
         accuracy=accuracy.get("policy", {}), reference_accuracy=accuracy.get("reference", {}),
         rm_trained_policy=trained)
+    repeated = repetition_warning(fields["repetition_rate"], fields.get("reference_repetition_rate"))
+    warnings += [repeated] if repeated else []
     note = judge_note(rm_trained_policy=trained, judge_win_rate=fields.get("judge_win_rate"))
     return {"rm_trained_policy": trained, "warnings": warnings, "notes": [note] if note else []}
 
