@@ -82,6 +82,8 @@ def out_of_sample_scores(frame: Any, rows: list[int], convs: list[tuple[Messages
             console.print(f"audit --kfold: training reward model {k + 1}/{opts.folds} on {len(train_rows)} pairs")
             model_dir = str(Path(tmp, f"rm{k}"))
             run_train_rm(_fold_config(opts, str(train_file), model_dir), progress=False)
-            chosen[held_out] = score(model_dir, [convs[rows[i]][:2] for i in held_out])
-            rejected[held_out] = score(model_dir, [(convs[rows[i]][0], convs[rows[i]][2]) for i in held_out])
+            # Both sides in one call: the fold model loads once and a pair's prompt is computed once.
+            triples = [convs[rows[i]] for i in held_out]
+            scores = score(model_dir, [(p, c) for p, c, _ in triples] + [(p, r) for p, _, r in triples])
+            chosen[held_out], rejected[held_out] = scores[:len(triples)], scores[len(triples):]
     return chosen, rejected, fold
