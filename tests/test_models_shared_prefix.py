@@ -302,3 +302,126 @@ def test_no_response_tokens_gives_zeros(lm: LlamaForCausalLM) -> None:
     out = log_probs(lm, ids, mask, share_prompt=True)
     assert out.log_probs.abs().sum() == 0 and out.entropy.abs().sum() == 0
 
+
+
+# ---------------------------------------------------------------------------------------------
+# A head every prompt of a row shares (a chat template's system message), packed once per row
+
+HEAD = 4
+# Prompt rests after the head: "F" is the head alone (its responses see only the head).
+HEAD_GROUPS = {"A": (3, [5, 0, 2]), "B": (1, [4, 3]), "C": (2, [6]), "F": (0, [3, 1])}
+HEAD_ORDER = ["A", "B", "A", "C", "F", "B", "A", "F"]
+
+
+def head_batch() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Like :func:`grpo_batch`, every prompt starting with the same HEAD tokens."""
+    torch.manual_seed(9)
+    head = torch.randint(0, VOCAB, (HEAD,))
+    # The rests start with distinct tokens, so the row's common head is exactly HEAD tokens long.
+    prompts = {name: torch.cat([head, torch.tensor([i]), torch.randint(0, VOCAB, (rest - 1,))]) if rest else head
+               for i, (name, (rest, _)) in enumerate(HEAD_GROUPS.items())}
+    width = HEAD + max(rest for rest, _ in HEAD_GROUPS.values())
+    next_response = {name: iter(lens) for name, (_, lens) in HEAD_GROUPS.items()}
+    ids = torch.randint(0, VOCAB, (len(HEAD_ORDER), width + RESPONSE))
+    mask = torch.zeros_like(ids)
+    for b, name in enumerate(HEAD_ORDER):
+        p, r = len(prompts[name]), next(next_response[name])
+        ids[b, width - p : width] = prompts[name]
+        mask[b, width - p : width + r] = 1
+    return ids, mask, HEAD_ORDER
+
+
+def test_head_layout_by_hand() -> None:
+    """Head 4 tokens once, then A's rest (3) and responses 5, 2; B's rest (1) and 4, 3; C's rest (2)
+    and 6; F has no rest, its responses 3, 1 see the head alone."""
+    ids, mask, _ = head_batch()
+    (row,) = pack_shared_prompts(ids, mask, RESPONSE)
+    h = (0, 4)
+    assert row.prefix_spans == (
+        PrefixSpan(0, 4),
+        PrefixSpan(4, 7, head_end=4), PrefixSpan(7, 12, 4, 7, *h), PrefixSpan(12, 14, 4, 7, *h),
+        PrefixSpan(14, 15, head_end=4), PrefixSpan(15, 19, 14, 15, *h), PrefixSpan(19, 22, 14, 15, *h),
+        PrefixSpan(22, 24, head_end=4), PrefixSpan(24, 30, 22, 24, *h),
+        PrefixSpan(30, 33, 30, 30, *h), PrefixSpan(33, 34, 30, 30, *h),
+    )  # fmt: skip
+    # Every padded position maps to a packed token with the same id and position id.
+    flat_pos = position_ids_from_mask(mask).reshape(-1)
+    assert torch.equal(row.position_ids[0, row.source_packed], flat_pos[row.source_flat])
+    assert torch.equal(row.input_ids[0, row.source_packed], ids.reshape(-1)[row.source_flat])
+    assert row.position_ids[0, :8].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]  # head, then A's rest at 4..6
+
+
+def test_head_mask_hand_written() -> None:
+    # head of 2; a prompt rest of 1 sees it; a response of 2 sees head + rest; a response of 1 sees the head only.
+    spans = (PrefixSpan(0, 2), PrefixSpan(2, 3, head_end=2), PrefixSpan(3, 5, 2, 3, 0, 2), PrefixSpan(5, 6, head_end=2))
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0, 0],
+         [1, 1, 0, 0, 0, 0],
+         [1, 1, 1, 0, 0, 0],
+         [1, 1, 1, 1, 0, 0],
+         [1, 1, 1, 1, 1, 0],
+         [1, 1, 0, 0, 0, 1]]
+    )  # fmt: skip
+    assert torch.equal(prefix_causal_mask(spans)[0, 0].int(), expected)
+    with pytest.raises(ValueError, match="head first"):
+        prefix_causal_mask((PrefixSpan(0, 2), PrefixSpan(2, 3), PrefixSpan(3, 4, 0, 2, 2, 3)))  # head after prefix
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_segment_kernel_with_head_equals_dense_mask(kv_heads: int) -> None:
+    torch.manual_seed(10)
+    spans = (PrefixSpan(0, 3), PrefixSpan(3, 5, head_end=3), PrefixSpan(5, 8, 3, 5, 0, 3),
+             PrefixSpan(8, 9, head_end=3), PrefixSpan(9, 11, 8, 9, 0, 3), PrefixSpan(11, 13, 8, 8, 0, 3))
+    q = torch.randn(1, 4, 13, 8)
+    k, v = torch.randn(1, kv_heads, 13, 8), torch.randn(1, kv_heads, 13, 8)
+    got, _ = segment_sdpa_attention(torch.nn.Module().eval(), q, k, v, None, scaling=0.3, **{PREFIX_SPANS_KWARG: spans})
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix_causal_mask(spans), scale=0.3,
+                                          enable_gqa=kv_heads != 4).transpose(1, 2)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("impl", [SEGMENT_SDPA, "sdpa", "eager"])
+def test_head_log_probs_and_gradients_equal_unshared(lm: LlamaForCausalLM, impl: str) -> None:
+    lm.set_attn_implementation(impl)
+    ids, mask, _ = head_batch()
+    weights = torch.randn(ids.shape[0], RESPONSE, generator=torch.Generator().manual_seed(11))
+    params = list(lm.parameters())
+
+    def run(**kwargs: object) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = log_probs(lm, ids, mask, **kwargs)
+        grads = torch.autograd.grad((out.log_probs * weights).sum() + 0.1 * out.entropy.sum(), params)
+        return out.log_probs.detach(), out.entropy.detach(), grads
+
+    # budget 20: A | B+C | F, so rows of several groups (head shared) and of one group (no head) both occur
+    for kwargs in ({"share_prompt": True}, {"share_prompt": True, "max_tokens_per_row": 20}):
+        shared = run(**kwargs)
+        for ref in (run(), run(use_remove_padding=False)):
+            torch.testing.assert_close(shared[0], ref[0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(shared[1], ref[1], atol=ATOL, rtol=0)
+            for (name, _), s, r in zip(lm.named_parameters(), shared[2], ref[2]):
+                torch.testing.assert_close(s, r, atol=ATOL, rtol=0, msg=name)
+
+
+def test_head_values_equal_unshared(critic: LlamaForTokenClassification) -> None:
+    critic.set_attn_implementation(SEGMENT_SDPA)
+    ids, mask, _ = head_batch()
+    with torch.no_grad():
+        shared = compute_values(critic, ids, mask, RESPONSE, share_prompt=True)
+        plain = compute_values(critic, ids, mask, RESPONSE)
+    torch.testing.assert_close(shared, plain, atol=ATOL, rtol=0)
+
+
+def test_head_is_computed_once_per_row(lm: LlamaForCausalLM) -> None:
+    """Tokens through the model, counted: head once, each prompt's rest once, every response."""
+    lm.set_attn_implementation(SEGMENT_SDPA)
+    ids, mask, _ = head_batch()
+    seen: list[int] = []
+    hook = lm.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    try:
+        with torch.no_grad():
+            log_probs(lm, ids, mask, share_prompt=True)
+    finally:
+        hook.remove()
+    rests = sum(rest for rest, _ in HEAD_GROUPS.values())
+    responses = sum(sum(lens) for _, lens in HEAD_GROUPS.values())
+    assert seen == [HEAD + rests + responses] == [4 + 6 + 24]  # responses: A 5+2, B 4+3, C 6, F 3+1

@@ -108,6 +108,34 @@ def test_row_budget_splits_groups_and_gives_the_same_scores() -> None:
 
 
 @pytest.mark.parametrize("attn", ["sdpa", SEGMENT_SDPA])
+def test_pairs_sharing_a_system_head_score_and_train_like_each_sequence_alone(attn: str) -> None:
+    """Every pair starts with the same 5 tokens (a chat template's system message): the packed row
+    computes them once for all pairs (one model call, 5 + rests + replies tokens); scores and
+    gradients still equal scoring each sequence alone."""
+    model = reward_model(attn)
+    head = [3, 14, 15, 9, 26]
+    seqs = [head + s for s in pairs_batch()]
+    lengths = pair_prompt_lengths(seqs)
+    seen: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    try:
+        shared = score_shared_prompts(model, seqs, lengths, PAD)
+    finally:
+        hook.remove()
+    half = len(seqs) // 2
+    per_pair = sum(len(a) + len(b) - n for a, b, n in zip(seqs[:half], seqs[half:], lengths))
+    assert seen == [per_pair - (half - 1) * len(head)]
+    (shared * torch.linspace(-1.0, 2.0, len(seqs))).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    reference = alone(model, seqs)
+    (reference * torch.linspace(-1.0, 2.0, len(seqs))).sum().backward()
+    torch.testing.assert_close(shared, reference, rtol=0, atol=ATOL)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=ATOL, msg=name)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", SEGMENT_SDPA])
 def test_groups_of_one_and_nothing_shared_score_like_each_sequence_alone(attn: str) -> None:
     """group_prompt_lengths: a group of three replies shares its common start, a group of one
     shares nothing (prompt length 0) beside it; and a batch where nothing is shared at all."""

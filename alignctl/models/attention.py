@@ -17,7 +17,11 @@ Shared-prompt layout (GRPO: n responses per prompt). A row may hold each distinc
 followed by the responses that continue it: ``[prompt][resp_1]...[resp_n]``. The layout is a tuple
 of :class:`PrefixSpan` (start, end, prefix_start, prefix_end) tiling the row in order: tokens of a
 span attend causally within the span plus to every token of its prefix (the prompt); a prompt span
-has an empty prefix. Plain packing is the special case where every prefix is empty. It reaches the
+has an empty prefix. When every prompt of a row starts with the same tokens (a chat template's
+system message), that head is packed once at the start of the row: ``[head][rest_1][resp..]
+[rest_2][resp..]``; a span's second range (head_start, head_end) points at it, so a prompt's rest
+sees the head and a response sees the head and its prompt's rest. Plain packing is the special
+case where every prefix is empty. It reaches the
 kernel as the ``alignctl_prefix_spans`` keyword of the model forward (transformers 5 forwards
 unknown kwargs down to the attention function, as for ``cu_seq_lens_q``; checked for Llama and
 Qwen2 on 5.23, with and without gradient checkpointing); :func:`prefix_causal_mask` is the same
@@ -49,23 +53,34 @@ PREFIX_SPANS_KWARG = "alignctl_prefix_spans"
 
 class PrefixSpan(NamedTuple):
     """Tokens [start, end) of a packed row: causal among themselves, and each also sees all of
-    [prefix_start, prefix_end) (empty for a prompt or a plain packed sequence)."""
+    [prefix_start, prefix_end) (empty for a prompt or a plain packed sequence) and all of
+    [head_start, head_end), the row's shared head (empty unless the row's prompts share one)."""
 
     start: int
     end: int
     prefix_start: int = 0
     prefix_end: int = 0
+    head_start: int = 0
+    head_end: int = 0
+
+    def visible_ranges(self) -> list[tuple[int, int]]:
+        """The non-empty ranges before the span that it sees, in row order (head first)."""
+        ranges = [(self.head_start, self.head_end), (self.prefix_start, self.prefix_end)]
+        return [(lo, hi) for lo, hi in ranges if hi > lo]
 
 
 def check_prefix_spans(spans: tuple[PrefixSpan, ...]) -> None:
-    """Spans must tile the row in order (the kernel concatenates their outputs) and each prefix must
-    lie before its span (causality: a token never sees a later one)."""
+    """Spans must tile the row in order (the kernel concatenates their outputs); the head must lie
+    before the prefix and the prefix before its span (causality: a token never sees a later one)."""
     position = 0
     for span in spans:
         if span.start != position or span.end <= span.start:
             raise ValueError(f"prefix spans must tile the row in order without empty spans, got {spans}")
-        if span.prefix_end > span.prefix_start and not 0 <= span.prefix_start < span.prefix_end <= span.start:
-            raise ValueError(f"prefix of {span} must lie before the span")
+        bound = 0
+        for lo, hi in span.visible_ranges():
+            if not bound <= lo < hi <= span.start:
+                raise ValueError(f"head and prefix of {span} must lie before the span, head first")
+            bound = hi
         position = span.end
 
 
@@ -104,13 +119,14 @@ def prefix_causal_mask(
     every token of a span may attend to its whole prefix. With all prefixes empty it equals
     ``block_causal_mask`` of the span lengths."""
     check_prefix_spans(spans)
-    table = torch.tensor([list(span) for span in spans], dtype=torch.long, device=device)  # [n_spans, 4]
+    table = torch.tensor([list(span) for span in spans], dtype=torch.long, device=device)  # [n_spans, 6]
     segment = torch.repeat_interleave(torch.arange(len(spans), device=device), table[:, 1] - table[:, 0])
     position = torch.arange(segment.numel(), device=device)
-    same = (segment[:, None] == segment[None, :]) & (position[None, :] <= position[:, None])
-    lo, hi = table[segment, 2], table[segment, 3]  # each query token's prefix range
-    in_prefix = (position[None, :] >= lo[:, None]) & (position[None, :] < hi[:, None])
-    return _as_mask(same | in_prefix, additive_dtype)
+    allowed = (segment[:, None] == segment[None, :]) & (position[None, :] <= position[:, None])
+    for lo_col, hi_col in ((2, 3), (4, 5)):  # each query token's prefix range, then its head range
+        lo, hi = table[segment, lo_col], table[segment, hi_col]
+        allowed |= (position[None, :] >= lo[:, None]) & (position[None, :] < hi[:, None])
+    return _as_mask(allowed, additive_dtype)
 
 
 def _span_attention(
@@ -118,18 +134,19 @@ def _span_attention(
 ) -> torch.Tensor:
     """sdpa for the queries of one span: [1, H, L, D]."""
     gqa = query.shape[1] != key.shape[1]
-    s, e, ps, pe = span
-    if pe <= ps:  # no prefix: a plain causal segment (same call as before the shared layout existed)
+    s, e = span.start, span.end
+    ranges = span.visible_ranges()
+    if not ranges:  # no prefix: a plain causal segment (same call as before the shared layout existed)
         return F.scaled_dot_product_attention(
             query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa
         )
-    k = torch.cat([key[:, :, ps:pe], key[:, :, s:e]], dim=2)
-    v = torch.cat([value[:, :, ps:pe], value[:, :, s:e]], dim=2)
+    k = torch.cat([*(key[:, :, lo:hi] for lo, hi in ranges), key[:, :, s:e]], dim=2)
+    v = torch.cat([*(value[:, :, lo:hi] for lo, hi in ranges), value[:, :, s:e]], dim=2)
     # Lower-right causal: query i (of L) sees the whole prefix and span keys 0..i. is_causal=True
     # would align the triangle top-left (query i sees keys 0..i of the prefix only) when L != L_k;
     # an explicit mask rather than torch's CausalBias, which on CPU warns and materializes anyway.
-    length = e - s
-    allowed = torch.ones(length, pe - ps + length, dtype=torch.bool, device=query.device).tril(diagonal=pe - ps)
+    length, seen = e - s, sum(hi - lo for lo, hi in ranges)
+    allowed = torch.ones(length, seen + length, dtype=torch.bool, device=query.device).tril(diagonal=seen)
     return F.scaled_dot_product_attention(
         query[:, :, s:e], k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
     )

@@ -242,28 +242,51 @@ def _group_size(members: list[int], parts: list[_RowParts]) -> int:
     return parts[members[0]].prompt.numel() + responses if responses else 0
 
 
+def _row_head_length(groups: list[list[int]], parts: list[_RowParts], input_ids: torch.Tensor,
+                     position_ids: torch.Tensor) -> int:
+    """Leading prompt tokens every group of a row has in common (same ids, same position ids): a
+    chat template's system message. 0 for a row of one group, which gains nothing from it."""
+    if len(groups) < 2:
+        return 0
+    prompts = [parts[members[0]].prompt for members in groups]
+    n = min(prompt.numel() for prompt in prompts)
+    if n == 0:
+        return 0
+    ids, pos = input_ids.reshape(-1), position_ids.reshape(-1)
+    first = prompts[0][:n]
+    same = torch.ones(n, dtype=torch.bool, device=input_ids.device)
+    for prompt in prompts[1:]:
+        same &= (ids[prompt[:n]] == ids[first]) & (pos[prompt[:n]] == pos[first])
+    return int(same.long().cumprod(0).sum())  # the leading run of matches
+
+
 def _shared_row(
     groups: list[list[int]], parts: list[_RowParts], input_ids: torch.Tensor, position_ids: torch.Tensor
 ) -> PackedRow:
-    """One packed row ``[prompt][resp_1]..[resp_n]`` per group, groups back to back."""
+    """One packed row ``[head][rest_1][resp..]..[rest_n][resp..]``: the prompts' common head once,
+    then per group the rest of its prompt and its responses (no head: ``[prompt][resp..]``)."""
     device = input_ids.device
+    head = _row_head_length(groups, parts, input_ids, position_ids)
     pieces, spans, src_flat, src_packed = [], [], [], []
-    offset = 0
+    if head:
+        pieces.append(parts[groups[0][0]].prompt[:head])
+        spans.append(PrefixSpan(0, head))
+    offset = head
     for members in groups:
         prompt = parts[members[0]].prompt  # the group's first row lends its copy of the prompt
-        p0, p1 = offset, offset + prompt.numel()
+        p0, p1 = offset, offset + prompt.numel() - head
         if p1 > p0:
-            spans.append(PrefixSpan(p0, p1))
-            pieces.append(prompt)
+            spans.append(PrefixSpan(p0, p1, head_end=head))
+            pieces.append(prompt[head:])
         offset = p1
         for b in members:
-            src_flat.append(parts[b].prompt)  # every row's prompt is computed by the shared copy
-            src_packed.append(torch.arange(p0, p1, device=device))
+            src_flat.append(parts[b].prompt)  # every row's prompt is computed by the shared copies
+            src_packed.append(torch.cat([torch.arange(head, device=device), torch.arange(p0, p1, device=device)]))
             response = parts[b].response
             if response.numel() == 0:
                 continue
             end = offset + response.numel()
-            spans.append(PrefixSpan(offset, end, p0, p1))
+            spans.append(PrefixSpan(offset, end, p0, p1, head_end=head))
             pieces.append(response)
             src_flat.append(response)
             src_packed.append(torch.arange(offset, end, device=device))
