@@ -102,6 +102,51 @@ def test_batch_compaction_and_cache_variants_agree(eos_model: LlamaForCausalLM, 
     assert torch.allclose(base.log_probs, other.log_probs, atol=1e-12, rtol=0)
 
 
+HEAD = [60, 61, 62, 63, 64]  # a system message every prompt starts with
+HEAD_PROMPTS = [HEAD + p for p in PROMPTS]
+
+
+def test_shared_head_length_by_hand() -> None:
+    from alignctl.rollout.hf_engine import shared_head_length
+
+    assert shared_head_length(HEAD_PROMPTS) == 5
+    assert shared_head_length([HEAD + [1], HEAD]) == 4  # the shorter prompt keeps its last token
+    assert shared_head_length([[1, 2, 3, 9], [1, 2, 3, 8]]) == 0  # 3 shared tokens: under the minimum of 4
+    assert shared_head_length([[1, 2, 3, 9], [1, 2, 3, 8]], minimum=1) == 3
+    assert shared_head_length([HEAD + [1, 2]]) == 0  # one prompt: nothing to share
+
+
+def test_shared_head_prefilled_once_matches_generate(eos_model: LlamaForCausalLM) -> None:
+    """Prompts with a common head: the head goes through the model once for the whole batch, and
+    greedy answers equal transformers' generate on the left-padded batch; log-probs equal each prompt
+    generated alone (no head sharing with one prompt)."""
+    seen: list[tuple[int, int]] = []
+    hook = eos_model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    params = SamplingParams(n=2, greedy=True, max_new_tokens=24)
+    try:
+        out = HFRolloutEngine(eos_model).generate(HEAD_PROMPTS, params)
+    finally:
+        hook.remove()
+    rests = max(len(p) for p in PROMPTS)
+    assert seen[:2] == [(1, len(HEAD)), (len(PROMPTS), rests)]  # head once, then the rests
+    assert torch.equal(out.response_ids, hf_greedy(eos_model, HEAD_PROMPTS, 24).repeat_interleave(2, 0))
+    for i, prompt in enumerate(HEAD_PROMPTS):
+        alone = HFRolloutEngine(eos_model).generate([prompt], SamplingParams(greedy=True, max_new_tokens=24))
+        n = int(alone.response_lengths[0])
+        assert torch.equal(out.response_ids[2 * i, :n], alone.response_ids[0, :n])
+        assert torch.allclose(out.log_probs[2 * i, :n], alone.log_probs[0, :n], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("engine_kwargs", [{"preallocate_cache": False}, {"compact_fraction": 0.0}],
+                         ids=["dynamic-cache", "drop-immediately"])
+def test_shared_head_with_cache_variants(eos_model: LlamaForCausalLM, engine_kwargs: dict) -> None:
+    params = SamplingParams(n=2, greedy=True, max_new_tokens=24)
+    base = HFRolloutEngine(eos_model).generate(HEAD_PROMPTS, params)
+    other = HFRolloutEngine(eos_model, **engine_kwargs).generate(HEAD_PROMPTS, params)
+    assert torch.equal(base.response_ids, other.response_ids)
+    assert torch.allclose(base.log_probs, other.log_probs, atol=1e-12, rtol=0)
+
+
 def test_eager_attention_path_matches_generate_and_sdpa() -> None:
     # float32: transformers' own eager path yields NaN on left-padded float64 batches.
     eager = tiny_llama(0.3, dtype=torch.float32, attn="eager")

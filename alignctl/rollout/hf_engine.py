@@ -6,13 +6,16 @@ The engine holds a reference to the actor's ``nn.Module``; there is no weight co
 Why it is faster than ``model.generate`` for RL rollouts:
   * one prefill per prompt: ``B`` prompts are prefilled once, then the KV cache is repeated ``n``
     times along the batch (``generate(num_return_sequences=n)`` prefills every copy);
+  * the head every prompt starts with (a chat template's system message) is prefilled once for the
+    whole batch and its cache repeated ``B`` times before the rest of each prompt is prefilled;
   * finished rows are dropped from the running batch (KV cache, positions and mask are
     index-selected), so compute shrinks as responses end instead of decoding padding;
   * a preallocated KV cache written in place (see ``kv_cache.py``) instead of a cat per token;
   * no logits processors / stopping-criteria objects: one fused sampling function per step, and the
     lm_head runs on the last position only (``logits_to_keep=1``).
 
-Left padding and positions: prompts are left-padded to the longest prompt ``P``. A row with ``p``
+Left padding and positions: prompts are left-padded to the longest prompt ``P`` (with a shared head
+``h``: ``[head | left-padded rests]``, the pads between the head and each rest masked out). A row with ``p``
 real tokens gets position ids ``0..p-1`` on its real tokens (pads get 0 and are masked out of
 attention), and its ``t``-th generated token sits at position ``p + t`` — the same ids an unpadded
 forward of that row would use (``models.loading.position_ids_from_mask``, the package's one rule).
@@ -153,7 +156,8 @@ class HFRolloutEngine(RolloutEngine):
     def _generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids: tuple[int, ...]) -> RolloutOutput:
         device = _module_device(self.model)
         n, max_new = params.n, params.max_new_tokens
-        input_ids, prompt_mask = pad_rows(prompts, self.pad_token_id, side="left")  # to the longest prompt
+        head = shared_head_length(prompts)
+        input_ids, prompt_mask = _head_and_rests(prompts, head, self.pad_token_id)
         input_ids, prompt_mask = input_ids.to(device), prompt_mask.bool().to(device)
         big_b, width = input_ids.shape[0] * n, input_ids.shape[1]
         cache = make_cache(self.model.config, width + max_new, self.preallocate)
@@ -162,7 +166,7 @@ class HFRolloutEngine(RolloutEngine):
             generator = torch.Generator(device=device).manual_seed(params.seed)
 
         t0 = time.perf_counter()
-        logits = self._prefill(input_ids, prompt_mask, cache)
+        logits = self._prefill(input_ids, prompt_mask, cache, head)
         if n > 1:  # share the prefill: repeat the cache, not the prompt
             cache.batch_repeat_interleave(n)
             logits, prompt_mask = logits.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
@@ -177,10 +181,15 @@ class HFRolloutEngine(RolloutEngine):
         timing = {"prefill_s": t_prefill, "total_s": time.perf_counter() - t0, "decode_steps": float(steps)}
         return self._finish(out, params, len(prompts), timing)
 
-    def _prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Run the padded prompts once; returns next-token logits [B, V]."""
+    def _prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Cache, head: int) -> torch.Tensor:
+        """Run the padded prompts once (the first ``head`` columns, identical in every row, once for
+        all rows); returns next-token logits [B, V]."""
         positions = position_ids_from_mask(mask)
-        out = self.model(input_ids=input_ids, attention_mask=mask.long(), position_ids=positions,
+        if head:
+            self.model(input_ids=input_ids[:1, :head], attention_mask=mask[:1, :head].long(),
+                       position_ids=positions[:1, :head], logits_to_keep=1, **cache_kwargs(self.model, cache))
+            cache.batch_repeat_interleave(input_ids.shape[0])
+        out = self.model(input_ids=input_ids[:, head:], attention_mask=mask.long(), position_ids=positions[:, head:],
                          logits_to_keep=1, **cache_kwargs(self.model, cache))
         return out.logits[:, -1]
 
@@ -269,6 +278,30 @@ class HFRolloutEngine(RolloutEngine):
             pad_token_id=self.pad_token_id,
             metrics=metrics,
         )
+
+
+# Below this many shared tokens a second prefill call costs more than it saves.
+MIN_SHARED_HEAD = 4
+
+
+def shared_head_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SHARED_HEAD) -> int:
+    """Leading tokens all ``prompts`` share, leaving each at least one of its own (its last token
+    gives its first logits); 0 for a single prompt or a head shorter than ``minimum``."""
+    if len(prompts) < 2:
+        return 0
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    head = 0
+    while head < shortest - 1 and all(p[head] == first[head] for p in prompts):
+        head += 1
+    return head if head >= minimum else 0
+
+
+def _head_and_rests(prompts: list[list[int]], head: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[head | left-padded rests]`` ids and mask [B, head + longest rest]."""
+    rest_ids, rest_mask = pad_rows([p[head:] for p in prompts], pad_id, side="left")
+    head_ids = torch.tensor(prompts[0][:head], dtype=torch.long).expand(len(prompts), head)
+    return (torch.cat([head_ids, rest_ids], dim=1),
+            torch.cat([torch.ones(len(prompts), head, dtype=rest_mask.dtype), rest_mask], dim=1))
 
 
 @contextlib.contextmanager
