@@ -87,6 +87,9 @@ def build_sft_trainer(cfg: SFTConfig, tokenizer: Any, train: datasets.Dataset, v
         f"sft: model.path '{cfg.model.path}'")
     common.drop_printer_callback(trainer)
     from alignctl.models.blocks import freeze_bottom_layers
+    from alignctl.trainers.sft_head import use_label_positions_head
+
+    use_label_positions_head(trainer.model)  # off CUDA, TRL's fused head projects every position
     freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"sft: model.path '{cfg.model.path}'")
     return trainer
 
