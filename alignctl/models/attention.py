@@ -15,14 +15,13 @@ ways, both exact (tested against unpacked runs):
 
 Shared-prompt layout (GRPO: n responses per prompt). A row may hold each distinct prompt once,
 followed by the responses that continue it: ``[prompt][resp_1]...[resp_n]``. The layout is a tuple
-of :class:`PrefixSpan` (start, end, prefix_start, prefix_end) tiling the row in order: tokens of a
-span attend causally within the span plus to every token of its prefix (the prompt); a prompt span
-has an empty prefix. When every prompt of a row starts with the same tokens (a chat template's
-system message), that head is packed once at the start of the row: ``[head][rest_1][resp..]
-[rest_2][resp..]``; a span's second range (head_start, head_end) points at it, so a prompt's rest
-sees the head and a response sees the head and its prompt's rest. Plain packing is the special
-case where every prefix is empty. It reaches the
-kernel as the ``alignctl_prefix_spans`` keyword of the model forward (transformers 5 forwards
+of :class:`PrefixSpan` (start, end, prefix_start, prefix_end, head_start, head_end) tiling the row
+in order: tokens of a span attend causally within the span plus to every token of its prefix (the
+prompt); a prompt span has an empty prefix. When every prompt of a row starts with the same tokens
+(a chat template's system message), that head is packed once at the start of the row:
+``[head][rest_1][resp..][rest_2][resp..]``; a span's second range (head_start, head_end) points at
+it, so a prompt's rest sees the head and a response sees the head and its prompt's rest. Plain
+packing is the special case where every prefix is empty. It reaches the kernel as the ``alignctl_prefix_spans`` keyword of the model forward (transformers 5 forwards
 unknown kwargs down to the attention function, as for ``cu_seq_lens_q``; checked for Llama and
 Qwen2 on 5.23, with and without gradient checkpointing); :func:`prefix_causal_mask` is the same
 layout as a dense mask for ``sdpa`` / ``eager``. Flash-attention varlen kernels cannot express it:
