@@ -21,8 +21,9 @@ prompt); a prompt span has an empty prefix. When every prompt of a row starts wi
 (a chat template's system message), that head is packed once at the start of the row:
 ``[head][rest_1][resp..][rest_2][resp..]``; a span's second range (head_start, head_end) points at
 it, so a prompt's rest sees the head and a response sees the head and its prompt's rest. Plain
-packing is the special case where every prefix is empty. It reaches the kernel as the ``alignctl_prefix_spans`` keyword of the model forward (transformers 5 forwards
-unknown kwargs down to the attention function, as for ``cu_seq_lens_q``; checked for Llama and
+packing is the special case where every prefix is empty. It reaches the kernel as the
+``alignctl_prefix_spans`` keyword of the model forward (transformers 5 forwards unknown kwargs
+down to the attention function, as for ``cu_seq_lens_q``; checked for Llama and
 Qwen2 on 5.23, with and without gradient checkpointing); :func:`prefix_causal_mask` is the same
 layout as a dense mask for ``sdpa`` / ``eager``. Flash-attention varlen kernels cannot express it:
 they take one contiguous key range per query segment, and the keys of resp_i (prompt + resp_i) are
