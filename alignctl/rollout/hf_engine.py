@@ -44,6 +44,7 @@ from alignctl.device import cuda_available
 from alignctl.errors import UserError
 from alignctl.models.compat import cache_kwargs
 from alignctl.models.loading import position_ids_from_mask
+from alignctl.models.reward_forward import common_prefix_length
 from alignctl.rollout.base import (
     FinishReason,
     RolloutEngine,
@@ -289,10 +290,7 @@ def shared_head_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SHAR
     gives its first logits); 0 for a single prompt or a head shorter than ``minimum``."""
     if len(prompts) < 2:
         return 0
-    first, shortest = prompts[0], min(len(p) for p in prompts)
-    head = 0
-    while head < shortest - 1 and all(p[head] == first[head] for p in prompts):
-        head += 1
+    head = min(min(common_prefix_length(prompts[0], p), len(p) - 1) for p in prompts)
     return head if head >= minimum else 0
 
 
