@@ -65,7 +65,7 @@ class LogProbOutput:
 # Pure math on logits
 
 
-def _logprob_entropy_chunk(
+def logprob_entropy_chunk(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     z = logits.float() / temperature
@@ -98,7 +98,7 @@ def logprobs_from_logits(
     for start in range(0, max(n, 1), step):
         rows = slice(start, start + step)
         args = (logits[rows], targets[rows], temperature, compute_entropy)
-        logp, ent = checkpoint(_logprob_entropy_chunk, *args, use_reentrant=False) if use_ckpt else _logprob_entropy_chunk(*args)
+        logp, ent = checkpoint(logprob_entropy_chunk, *args, use_reentrant=False) if use_ckpt else logprob_entropy_chunk(*args)
         logps.append(logp)
         ents.append(ent)
     return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)

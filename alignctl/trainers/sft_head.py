@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from alignctl.algos.entropy import entropy_from_log_probs
+from alignctl.models.forward import logprob_entropy_chunk
 
 TOKEN_CHUNK = 1024
 _SCALING_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
@@ -32,14 +32,11 @@ _SCALING_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", 
 
 def _chunk_outputs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log p(label), entropy (no gradient) and whether the label is the first argmax, per row."""
-    logits = F.linear(hidden, weight, bias).float()
-    log_probs = F.log_softmax(logits, dim=-1)
-    label_log_probs = log_probs.gather(-1, labels[:, None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = entropy_from_log_probs(log_probs)
-        is_top1 = logits.argmax(-1) == labels
-    return label_log_probs, entropy, is_top1
+    """log p(label), entropy (detached: TRL only reports it) and whether the label is the first
+    argmax, per row; the log-softmax and entropy are the RL forward's (``models.forward``)."""
+    logits = F.linear(hidden, weight, bias)
+    label_log_probs, entropy = logprob_entropy_chunk(logits, labels, 1.0, True)
+    return label_log_probs, entropy.detach(), logits.detach().argmax(-1) == labels
 
 
 def label_log_probs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
