@@ -23,6 +23,8 @@ from alignctl.rollout.hf_engine import HFRolloutEngine
 
 PAD, EOS, VOCAB = 0, 2, 256
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [20], [30, 31, 32, 33], [40, 41], [50, 51, 52, 53, 54, 55, 56, 57]]
+HEAD = [60, 61, 62, 63, 64]  # a system message every prompt starts with
+HEAD_PROMPTS = [HEAD + p for p in PROMPTS]
 
 
 def tiny_llama(eos_bias: float = 0.0, dtype: torch.dtype = torch.float64, attn: str = "sdpa") -> LlamaForCausalLM:
@@ -94,16 +96,14 @@ def test_greedy_without_padding_matches_generate(eos_model: LlamaForCausalLM) ->
     [{"compact_fraction": 0.0}, {"compact_fraction": 1.0}, {"preallocate_cache": False}],
     ids=["drop-immediately", "drop-when-all-done", "dynamic-cache"],
 )
-def test_batch_compaction_and_cache_variants_agree(eos_model: LlamaForCausalLM, engine_kwargs: dict) -> None:
+@pytest.mark.parametrize("prompts", [PROMPTS, HEAD_PROMPTS], ids=["plain", "shared-head"])
+def test_batch_compaction_and_cache_variants_agree(eos_model: LlamaForCausalLM, engine_kwargs: dict,
+                                                   prompts: list[list[int]]) -> None:
     params = SamplingParams(n=2, greedy=True, max_new_tokens=24)
-    base = HFRolloutEngine(eos_model).generate(PROMPTS, params)
-    other = HFRolloutEngine(eos_model, **engine_kwargs).generate(PROMPTS, params)
+    base = HFRolloutEngine(eos_model).generate(prompts, params)
+    other = HFRolloutEngine(eos_model, **engine_kwargs).generate(prompts, params)
     assert torch.equal(base.response_ids, other.response_ids)
     assert torch.allclose(base.log_probs, other.log_probs, atol=1e-12, rtol=0)
-
-
-HEAD = [60, 61, 62, 63, 64]  # a system message every prompt starts with
-HEAD_PROMPTS = [HEAD + p for p in PROMPTS]
 
 
 def test_shared_head_length_by_hand() -> None:
@@ -135,16 +135,6 @@ def test_shared_head_prefilled_once_matches_generate(eos_model: LlamaForCausalLM
         n = int(alone.response_lengths[0])
         assert torch.equal(out.response_ids[2 * i, :n], alone.response_ids[0, :n])
         assert torch.allclose(out.log_probs[2 * i, :n], alone.log_probs[0, :n], atol=1e-10, rtol=0)
-
-
-@pytest.mark.parametrize("engine_kwargs", [{"preallocate_cache": False}, {"compact_fraction": 0.0}],
-                         ids=["dynamic-cache", "drop-immediately"])
-def test_shared_head_with_cache_variants(eos_model: LlamaForCausalLM, engine_kwargs: dict) -> None:
-    params = SamplingParams(n=2, greedy=True, max_new_tokens=24)
-    base = HFRolloutEngine(eos_model).generate(HEAD_PROMPTS, params)
-    other = HFRolloutEngine(eos_model, **engine_kwargs).generate(HEAD_PROMPTS, params)
-    assert torch.equal(base.response_ids, other.response_ids)
-    assert torch.allclose(base.log_probs, other.log_probs, atol=1e-12, rtol=0)
 
 
 def test_eager_attention_path_matches_generate_and_sdpa() -> None:
