@@ -150,13 +150,25 @@ def test_prefix_causal_mask_hand_written() -> None:
         prefix_causal_mask((PrefixSpan(0, 2), PrefixSpan(3, 4)))  # gap: spans must tile the row
 
 
+# Prompts with responses and a plain sequence; and a row head (3 tokens) seen by prompt rests and
+# responses, one response seeing the head alone.
+KERNEL_LAYOUTS = {
+    "prompts": (PrefixSpan(0, 5), PrefixSpan(5, 8, 0, 5), PrefixSpan(8, 9, 0, 5), PrefixSpan(9, 11),
+                PrefixSpan(11, 15, 9, 11)),
+    "row-head": (PrefixSpan(0, 3), PrefixSpan(3, 5, head_end=3), PrefixSpan(5, 8, 3, 5, 0, 3),
+                 PrefixSpan(8, 9, head_end=3), PrefixSpan(9, 11, 8, 9, 0, 3), PrefixSpan(11, 13, 8, 8, 0, 3)),
+}
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2])
-def test_segment_kernel_equals_dense_mask(kv_heads: int) -> None:
+@pytest.mark.parametrize("layout", sorted(KERNEL_LAYOUTS))
+def test_segment_kernel_equals_dense_mask(kv_heads: int, layout: str) -> None:
     """Lower-right causal alignment (Lq != Lk) and GQA, straight against masked sdpa."""
     torch.manual_seed(5)
-    spans = (PrefixSpan(0, 5), PrefixSpan(5, 8, 0, 5), PrefixSpan(8, 9, 0, 5), PrefixSpan(9, 11), PrefixSpan(11, 15, 9, 11))
-    q = torch.randn(1, 4, 15, 8)
-    k, v = torch.randn(1, kv_heads, 15, 8), torch.randn(1, kv_heads, 15, 8)
+    spans = KERNEL_LAYOUTS[layout]
+    n = spans[-1].end
+    q = torch.randn(1, 4, n, 8)
+    k, v = torch.randn(1, kv_heads, n, 8), torch.randn(1, kv_heads, n, 8)
     module = torch.nn.Module().eval()
     got, _ = segment_sdpa_attention(module, q, k, v, None, scaling=0.3, **{PREFIX_SPANS_KWARG: spans})
     mask = prefix_causal_mask(spans)
@@ -365,19 +377,6 @@ def test_head_mask_hand_written() -> None:
     assert torch.equal(prefix_causal_mask(spans)[0, 0].int(), expected)
     with pytest.raises(ValueError, match="head first"):
         prefix_causal_mask((PrefixSpan(0, 2), PrefixSpan(2, 3), PrefixSpan(3, 4, 0, 2, 2, 3)))  # head after prefix
-
-
-@pytest.mark.parametrize("kv_heads", [4, 2])
-def test_segment_kernel_with_head_equals_dense_mask(kv_heads: int) -> None:
-    torch.manual_seed(10)
-    spans = (PrefixSpan(0, 3), PrefixSpan(3, 5, head_end=3), PrefixSpan(5, 8, 3, 5, 0, 3),
-             PrefixSpan(8, 9, head_end=3), PrefixSpan(9, 11, 8, 9, 0, 3), PrefixSpan(11, 13, 8, 8, 0, 3))
-    q = torch.randn(1, 4, 13, 8)
-    k, v = torch.randn(1, kv_heads, 13, 8), torch.randn(1, kv_heads, 13, 8)
-    got, _ = segment_sdpa_attention(torch.nn.Module().eval(), q, k, v, None, scaling=0.3, **{PREFIX_SPANS_KWARG: spans})
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix_causal_mask(spans), scale=0.3,
-                                          enable_gqa=kv_heads != 4).transpose(1, 2)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("impl", [SEGMENT_SDPA, "sdpa", "eager"])
