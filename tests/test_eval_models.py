@@ -503,17 +503,24 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
     assert alone.score(convs, "x") == pytest.approx(scores["reference"][:, 0], abs=1e-5)
 
 
-def test_pairs_are_scored_in_one_call_and_match_the_closed_form(assets: dict[str, Path]) -> None:
+@pytest.mark.parametrize("packed", [True, False])
+def test_pairs_are_scored_in_one_call_and_match_the_closed_form(assets: dict[str, Path], packed: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """score_pairs sends chosen and rejected to one scorer call (so a pair's prompt is computed once
     for both replies); each side equals the digit-fraction model's closed form, computed from token
-    ids here, and a pair with identical replies ties exactly."""
+    ids here, and a pair with identical replies ties exactly. Both layouts: packed rows with shared
+    prompts (CPU) and right-padded batches (what resolve_packing picks on a GPU without flash-attn)."""
     from transformers import AutoTokenizer
 
     from alignctl.eval.scoring import RewardScorer
+    from alignctl.models import attention
 
+    monkeypatch.setattr(attention, "resolve_packing", lambda setting, device: packed)
     tok = AutoTokenizer.from_pretrained(assets["rm"])
     scorer = RewardScorer(str(assets["rm"]), device="cpu", dtype="float32", batch_size=3, max_length=None,
                           normalize=False, progress=False)
+    assert scorer.packed is packed
+    assert scorer.model.config._attn_implementation == (attention.SEGMENT_SDPA if packed else "sdpa")
     calls: list[int] = []
     plain = scorer._score_unique
     scorer._score_unique = lambda seqs, lengths, desc: (calls.append(len(seqs)), plain(seqs, lengths, desc))[1]  # type: ignore[method-assign]

@@ -16,6 +16,7 @@ from alignctl.models.reward_forward import (
     group_prompt_lengths,
     pair_prompt_lengths,
     reply_layout,
+    score_padded,
     score_shared_prompts,
     use_shared_prompt_forward,
 )
@@ -138,7 +139,8 @@ def test_pairs_sharing_a_system_head_score_and_train_like_each_sequence_alone(at
 @pytest.mark.parametrize("attn", ["sdpa", SEGMENT_SDPA])
 def test_groups_of_one_and_nothing_shared_score_like_each_sequence_alone(attn: str) -> None:
     """group_prompt_lengths: a group of three replies shares its common start, a group of one
-    shares nothing (prompt length 0) beside it; and a batch where nothing is shared at all."""
+    shares nothing (prompt length 0) beside it; a batch where nothing is shared at all; and the
+    same batch right-padded (score_padded)."""
     model = reward_model(attn).eval()
     seqs = pairs_batch()
     groups = [[seqs[0], seqs[3], seqs[2]], [seqs[1]], [seqs[4]]]
@@ -152,6 +154,8 @@ def test_groups_of_one_and_nothing_shared_score_like_each_sequence_alone(attn: s
         reference = alone(model, flat)
         torch.testing.assert_close(score_shared_prompts(model, flat, lengths, PAD), reference, rtol=0, atol=ATOL)
         torch.testing.assert_close(score_shared_prompts(model, flat, [0] * len(flat), PAD), reference, rtol=0, atol=ATOL)
+        # the layout for a GPU without flash-attn: one right-padded batch, nothing packed
+        torch.testing.assert_close(score_padded(model, flat, PAD), reference, rtol=0, atol=ATOL)
 
 
 def test_patched_forward_scores_a_right_padded_trl_batch() -> None:

@@ -20,7 +20,7 @@ from alignctl.batch import pad_rows
 from alignctl.data.readers import BadRows, parquet_columns, read_jsonl, read_parquet
 from alignctl.errors import UserError
 from alignctl.models import attention
-from alignctl.models.attention import SEGMENT_SDPA, resolve_attn_implementation
+from alignctl.models.attention import AUTO, SEGMENT_SDPA, resolve_attn_implementation, resolve_packing, resolve_share_prompt
 from alignctl.pipeline.atomic import atomic_write_text
 
 PACKAGE = Path(alignctl.__file__).parent
@@ -48,6 +48,69 @@ def test_named_attention_passes_through(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(attention, "flash_attn_installed", lambda: True)
     for name in ("eager", "sdpa", "flash_attention_2", SEGMENT_SDPA):
         assert resolve_attn_implementation(name, device="cuda", packing=True) == name
+
+
+@pytest.mark.parametrize(("device", "flash", "packing", "share"), [
+    ("cpu", False, True, True),  # packing and sharing pay on CPU (docs/rl.md)
+    ("cpu", True, True, True),
+    ("cuda", False, False, False),  # H200: padded sdpa 3.7-7.7x faster than the segment kernel
+    ("cuda:1", False, False, False),
+    ("cuda", True, True, False),  # flash-attn's varlen packing; it cannot express a shared prompt
+])
+def test_auto_packing_rule(monkeypatch: pytest.MonkeyPatch, device: str, flash: bool, packing: bool,
+                           share: bool) -> None:
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: flash)
+    assert resolve_packing(AUTO, device=device) is packing
+    assert resolve_share_prompt(AUTO, device=device, packing=packing) is share
+
+
+def test_explicit_packing_settings_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+    for device in ("cpu", "cuda"):
+        assert resolve_packing(True, device=device) is True and resolve_packing(False, device=device) is False
+        assert resolve_share_prompt(True, device=device, packing=True) is True
+        assert resolve_share_prompt(False, device=device, packing=True) is False
+        # a shared prompt lives in packed rows: without packing there is nothing to share
+        assert resolve_share_prompt(True, device=device, packing=False) is False
+
+
+def test_rl_workers_resolve_auto_packing_once_for_their_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignctl.config.core import build_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.workers.model_setup import resolve_packing_settings
+
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+
+    def config(**critic_model: object) -> RLConfig:
+        return build_config(RLConfig, {"actor_rollout_ref": {"model": {"path": "unread"}, "rollout": {"n": 2}},
+                                       "data": {"train_files": ["unread.parquet"]}, "critic": {"model": critic_model}})
+
+    cfg = config(share_prompt=True)
+    arr, critic = cfg.actor_rollout_ref.model, cfg.critic.model
+    assert (arr.use_remove_padding, arr.share_prompt, critic.use_remove_padding) == (AUTO, AUTO, AUTO)
+    resolve_packing_settings(cfg, "cuda")
+    assert (arr.use_remove_padding, arr.share_prompt) == (False, False)
+    assert (critic.use_remove_padding, critic.share_prompt) == (False, False)  # explicit True, but nothing packed
+    cfg = config(use_remove_padding=True)
+    resolve_packing_settings(cfg, "cuda")
+    assert (cfg.critic.model.use_remove_padding, cfg.critic.model.share_prompt) == (True, False)
+    cfg = config()
+    resolve_packing_settings(cfg, "cpu")
+    assert (cfg.actor_rollout_ref.model.use_remove_padding, cfg.actor_rollout_ref.model.share_prompt) == (True, True)
+
+
+def test_packing_keys_take_booleans_or_auto_only() -> None:
+    from alignctl.config.core import build_config
+    from alignctl.config.reward_model import RewardModelConfig
+    from alignctl.config.rl import RLConfig
+
+    rm = {"model": {"path": "unread"}, "data": {"train_files": ["unread.parquet"]}}
+    assert build_config(RewardModelConfig, {**rm, "share_prompt": False}).share_prompt is False
+    assert build_config(RewardModelConfig, rm).share_prompt == AUTO
+    with pytest.raises(UserError, match=r"key 'actor_rollout_ref.model.use_remove_padding' expected bool or one of "
+                                        r"'auto', got 'yes'"):
+        build_config(RLConfig, {"actor_rollout_ref": {"model": {"path": "unread", "use_remove_padding": "yes"},
+                                                      "rollout": {"n": 2}}, "data": {"train_files": ["unread.parquet"]}})
 
 
 # --------------------------------------------------------------------------------------- device

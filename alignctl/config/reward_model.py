@@ -6,6 +6,7 @@ The model, optimizer and loop sections are the SFT stage's (same keys, same mean
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from alignctl.config.core import field, section
 from alignctl.config.sft import ModelConfig, OptimConfig, SFTTrainerConfig, check_loop_keys, check_model_keys
@@ -44,10 +45,11 @@ class RewardModelConfig:
     output_dir: str = field("runs/reward_model", help="Output reward-model folder (written atomically).")
     center_rewards_coefficient: float | None = field(None, help="Weight of the mean((r_chosen + r_rejected)^2) "
                                                                "term that centres rewards on 0 (TRL; 0.01 is usual).")
-    share_prompt: bool = field(True, help="Compute the part a pair's chosen and rejected sequences share (the prompt "
-                                          "and any common start of the answers) once per pair in every forward "
-                                          "pass (alignctl/models/reward_forward.py): same scores to float rounding, "
-                                          "fewer tokens. Attention 'auto' then picks alignctl_segment_sdpa on CPU.")
+    share_prompt: bool | Literal["auto"] = field("auto", help="Compute the part a pair's chosen and rejected sequences "
+                                          "share (the prompt and any common start of the answers) once per pair in every "
+                                          "forward pass (alignctl/models/reward_forward.py): same scores to float rounding, "
+                                          "fewer tokens. Attention 'auto' then picks alignctl_segment_sdpa. auto: on CPU "
+                                          "only (on an H200 a step of 8 pairs took 222 ms shared, 54 ms padded).")
     audit: bool = field(True, help="Before training, run the cheap checks of 'alignctl audit' on the pairs (empty, "
                                    "chosen == rejected, exact duplicates, held-out prompts also in training, length "
                                    "bias) and warn about each finding; false skips them.")

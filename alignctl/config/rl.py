@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from alignctl.config.core import field, section
 from alignctl.config.placement import DEFAULT_POOL, PlacementConfig, PoolConfig, check_placement, pool_key, pool_shapes
@@ -51,13 +52,18 @@ class ModelConfig:
                                                   "else alignctl_segment_sdpa when packing (packed sequences attend "
                                                   "segment by segment, cost sum(len^2)), else sdpa.",
                                      choices=("auto", "sdpa", "eager", "flash_attention_2", "alignctl_segment_sdpa"))
-    use_remove_padding: bool = field(True, help="Pack sequences (block-diagonal attention) in log-prob and training forwards.")
+    use_remove_padding: bool | Literal["auto"] = field("auto", help="Pack sequences (block-diagonal attention) in "
+                                                  "log-prob and training forwards. auto: packed on CPU workers, and on "
+                                                  "GPU workers only when flash-attn is installed (without it the "
+                                                  "segment kernel measured 3.7-7.7x slower than padded sdpa on an "
+                                                  "H200; docs/gpu_and_cluster.md).")
     max_packed_row_tokens: int = field(2048, ge=1, help="Most tokens per packed row in no-grad passes (old/ref "
                                                   "log-probs, values): with a dense block-diagonal mask (sdpa, "
                                                   "eager) attention cost grows with the square of a row. Training "
                                                   "forwards pack each micro-batch into one row.")
-    share_prompt: bool = field(True, help="Compute each distinct prompt once per packed row, with its responses attending to that one copy "
-                                           "(GRPO-style groups of n samples): same numbers, fewer tokens. Needs "
+    share_prompt: bool | Literal["auto"] = field("auto", help="Compute each distinct prompt once per packed row, with its responses attending to that one copy "
+                                           "(GRPO-style groups of n samples): same numbers, fewer tokens. auto: on "
+                                           "CPU workers only (on an H200 it was the slowest layout). Needs "
                                            "use_remove_padding and alignctl_segment_sdpa, sdpa or eager attention "
                                            "(flash attention falls back to plain packing).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
@@ -219,9 +225,10 @@ class ActorRolloutRefConfig:
 @dataclass
 class CriticModelConfig:
     path: str | None = field(None, help="Value-model init folder (default: the actor's model.path).")
-    use_remove_padding: bool = field(True, help="Pack sequences in value forwards.")
-    share_prompt: bool = field(True, help="Compute each distinct prompt once per packed row in value forwards "
-                                          "(see actor_rollout_ref.model.share_prompt).")
+    use_remove_padding: bool | Literal["auto"] = field("auto", help="Pack sequences in value forwards (auto: see "
+                                                                     "actor_rollout_ref.model.use_remove_padding).")
+    share_prompt: bool | Literal["auto"] = field("auto", help="Compute each distinct prompt once per packed row in "
+                                                              "value forwards (see actor_rollout_ref.model.share_prompt).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward.")
     freeze_layers: int = field(0, ge=0, help="Freeze the value model's input embeddings and first N transformer "
                                              "blocks: only the top blocks and the value head train, and backward "

@@ -6,7 +6,8 @@ the message contents are joined and the eos token appended (TRL's plain-text rul
 read at the last real token, in float32 or under bf16 autocast (``precision``; a reward model trained
 with ``trainer.precision=bf16`` saw bf16 forwards). The sequences of one prompt are packed together
 and their common start is computed once (:func:`alignctl.models.reward_forward.score_shared_prompts`;
-the same scores to float rounding).
+the same scores to float rounding); on a GPU without flash-attn, right-padded batches instead
+(:func:`~alignctl.models.reward_forward.score_padded`, faster there: ``resolve_packing``).
 
 Identical token sequences are scored once: it saves work when two models agree, and it makes a
 tie a tie (the same sequence in two differently padded batches could differ in the last bit).
@@ -36,12 +37,14 @@ class RewardScorer:
 
     def __init__(self, path: str, *, device: str, dtype: str, batch_size: int, max_length: int | None,
                  normalize: bool, progress: bool, precision: str = "float32") -> None:
-        from alignctl.models.attention import resolve_attn_implementation
+        from alignctl.models.attention import AUTO, resolve_attn_implementation, resolve_packing
         from alignctl.models.loading import load_reward_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(path, padding_side="right")
-        # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed.
-        attn = resolve_attn_implementation("auto", device=device, packing=True)
+        # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed;
+        # right-padded batches on a GPU without flash-attn (faster there, resolve_packing).
+        self.packed = resolve_packing(AUTO, device=device)
+        attn = resolve_attn_implementation("auto", device=device, packing=self.packed)
         self.model = load_reward_model(path, dtype=dtype, attn_implementation=attn).to(device).eval()
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -102,7 +105,7 @@ class RewardScorer:
         import torch
 
         from alignctl.device import autocast
-        from alignctl.models.reward_forward import score_shared_prompts
+        from alignctl.models.reward_forward import score_padded, score_shared_prompts
 
         pad = int(self.tokenizer.pad_token_id)
         out: list[float] = []
@@ -110,7 +113,10 @@ class RewardScorer:
         with torch.inference_mode(), autocast(self.device, self.precision):
             for start in track(starts, description, enabled=None if self.progress else False):
                 end = start + self.batch_size
-                scores = score_shared_prompts(self.model, sequences[start:end], prompt_lengths[start:end], pad)
+                if self.packed:
+                    scores = score_shared_prompts(self.model, sequences[start:end], prompt_lengths[start:end], pad)
+                else:
+                    scores = score_padded(self.model, sequences[start:end], pad)
                 out.extend(float(v) for v in scores.cpu())
         return out
 

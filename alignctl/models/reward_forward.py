@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from alignctl.models.forward import attention_inputs, pack_for_model, pack_padded
-from alignctl.models.loading import last_token_index, position_ids_from_mask
+from alignctl.models.loading import last_token_index, position_ids_from_mask, score_last_token
 
-__all__ = ["common_prefix_length", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout", "score_shared_prompts",
-           "use_shared_prompt_forward"]
+__all__ = ["common_prefix_length", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout", "score_padded",
+           "score_shared_prompts", "use_shared_prompt_forward"]
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -118,6 +118,15 @@ def score_shared_prompts(model: Any, sequences: Sequence[Sequence[int]], prompt_
         scores.append(model.score(hidden[packed[mine]]).squeeze(-1).float())
         index.append(mine)
     return torch.zeros(len(sequences), device=device).index_copy(0, torch.cat(index), torch.cat(scores))
+
+
+def score_padded(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """Scores [N] (float32) of the same sequences as one right-padded batch, nothing packed or
+    shared: the layout for a GPU without flash-attn, where plain sdpa on padded rows beats the
+    segment kernel (:func:`alignctl.models.attention.resolve_packing`)."""
+    device = next(model.parameters()).device
+    ids, mask, _ = reply_layout(sequences, [0] * len(sequences), pad_id)
+    return score_last_token(model, ids.to(device), mask.to(device))
 
 
 def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int | None = None) -> None:

@@ -84,9 +84,11 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     """A ``trl.RewardTrainer`` configured from ``cfg``."""
     import trl
 
-    from alignctl.models.attention import resolve_attn_implementation
+    from alignctl.models.attention import resolve_attn_implementation, resolve_share_prompt
 
-    attn = resolve_attn_implementation(cfg.model.attn_implementation, device=resolve_device(), packing=cfg.share_prompt)
+    device = resolve_device()
+    share = resolve_share_prompt(cfg.share_prompt, device=device, packing=True)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device=device, packing=share)
     kwargs = common.training_kwargs(cfg, scratch, has_eval=val is not None, max_length=cfg.data.max_length,
                                     attn_implementation=attn)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)
@@ -98,7 +100,7 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     common.drop_printer_callback(trainer)
     from alignctl.models.blocks import freeze_bottom_layers
     freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"train-rm: model.path '{cfg.model.path}'")
-    if cfg.share_prompt:
+    if share:
         from alignctl.models.reward_forward import use_shared_prompt_forward
         pad = tokenizer.pad_token_id
         use_shared_prompt_forward(trainer.model, int(pad) if pad is not None else 0)  # pads are never read

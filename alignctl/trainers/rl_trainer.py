@@ -129,7 +129,8 @@ class RLTrainer:
         if not self.cfg.trainer.balance_batch:
             return list(range(len(batch)))
         lengths = batch["attention_mask"].sum(-1)
-        if self.cfg.actor_rollout_ref.model.share_prompt and "group_index" in batch:
+        # Whole groups per worker whenever the workers may share prompts ('auto' decides per device there).
+        if self.cfg.actor_rollout_ref.model.share_prompt is not False and "group_index" in batch:
             responses = batch["response_mask"].sum(-1)
             order = balance_groups(batch["group_index"].tolist(), (lengths - responses).tolist(), responses.tolist(),
                                    self.workers.world_size)

@@ -19,7 +19,7 @@ from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, float32_output_head, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
-from alignctl.workers.model_setup import build_policy, save_hf_folder
+from alignctl.workers.model_setup import build_policy, resolve_packing_settings, save_hf_folder
 from alignctl.workers.sequences import assemble, expand_lists
 from alignctl.workers.train_engine import TrainEngine
 from alignctl.workers.update_loop import run_update
@@ -32,6 +32,7 @@ class ActorRolloutRefWorker:
     def __init__(self, ctx: DistContext, config: dict[str, Any], total_steps: int) -> None:
         self.ctx = ctx
         self.cfg: RLConfig = build_config(RLConfig, config)
+        resolve_packing_settings(self.cfg, ctx.device)
         arr = self.cfg.actor_rollout_ref
         torch.manual_seed(self.cfg.trainer.seed)
         self.policy = build_policy(self.cfg, ctx, total_steps)

@@ -21,7 +21,7 @@ from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
-from alignctl.workers.model_setup import attach_optimizer
+from alignctl.workers.model_setup import attach_optimizer, resolve_packing_settings
 from alignctl.workers.strategy import make_engine
 from alignctl.workers.update_loop import run_update
 
@@ -37,6 +37,7 @@ class CriticWorker:
     def __init__(self, ctx: DistContext, config: dict[str, Any], total_steps: int) -> None:
         self.ctx = ctx
         self.cfg: RLConfig = build_config(RLConfig, config)
+        resolve_packing_settings(self.cfg, ctx.device)
         critic = self.cfg.critic
         arr = self.cfg.actor_rollout_ref
         torch.manual_seed(self.cfg.trainer.seed + 1)

@@ -21,7 +21,7 @@ from torch import nn
 
 from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig
 from alignctl.errors import UserError
-from alignctl.models.attention import resolve_attn_implementation
+from alignctl.models.attention import resolve_attn_implementation, resolve_packing, resolve_share_prompt
 from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
@@ -35,6 +35,15 @@ def warmup_steps(optim: OptimConfig, total_steps: int) -> int:
     if optim.lr_warmup_steps >= 0:
         return optim.lr_warmup_steps
     return int(optim.lr_warmup_steps_ratio * total_steps)
+
+
+def resolve_packing_settings(cfg: RLConfig, device: str) -> None:
+    """Replace ``auto`` in the actor's and critic's ``use_remove_padding`` / ``share_prompt`` with
+    this worker's choice for its device (:func:`alignctl.models.attention.resolve_packing`), once,
+    before a model is loaded: every forward and the attention kernel then read plain booleans."""
+    for model in (cfg.actor_rollout_ref.model, cfg.critic.model):
+        model.use_remove_padding = resolve_packing(model.use_remove_padding, device=device)
+        model.share_prompt = resolve_share_prompt(model.share_prompt, device=device, packing=model.use_remove_padding)
 
 
 def attach_optimizer(engine: TrainEngine, model: nn.Module, optim: OptimConfig, total_steps: int) -> None:
