@@ -13,6 +13,7 @@ device, pinned host copies) is in the CUDA tests at the end, skipped without CUD
 from __future__ import annotations
 
 import gc
+import importlib.util
 import warnings
 from pathlib import Path
 
@@ -150,6 +151,16 @@ def test_parked_reward_model_scores_the_same(assets: dict[str, Path], tmp_path: 
 # ---------------------------------------------------------------------------------------------- fsdp2
 
 
+def _param_groups(unit: object) -> list:
+    """An FSDP2 unit's parameter groups: a list in torch 2.13, one group (or None) in torch 2.11."""
+    state = unit._get_fsdp_state()  # type: ignore[attr-defined]
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [] if group is None else [group]
+    return list(groups)
+
+
 def _fsdp2_offload_check(rank: int, assets: dict[str, Path], run_dir: str) -> str:
     """One rank: the same rollout, reference pass and two-mini-batch update with plain fsdp2 and with
     the actor and the reference under CPUOffloadPolicy; returns what the parent compares."""
@@ -174,7 +185,7 @@ def _fsdp2_offload_check(rank: int, assets: dict[str, Path], run_dir: str) -> st
         # torch's own per-parameter flag (private, no public accessor): the policy reached every unit.
         units = [m for engine in (worker.engine, worker.policy.ref_engine, critic.engine) for m in engine.model.modules()
                  if isinstance(m, FSDPModule)]
-        flags = {p.offload_to_cpu for m in units for g in m._get_fsdp_state()._fsdp_param_groups for p in g.fsdp_params}
+        flags = {p.offload_to_cpu for m in units for g in _param_groups(m) for p in g.fsdp_params}
         batch = worker.generate_sequences(prompt_batch(assets, 2, first=2 * rank))
         batch = with_advantages(batch.union(worker.compute_ref_log_prob(batch)), seed=rank)
         values = critic.compute_values(batch)["values"]
@@ -234,6 +245,7 @@ def _zero3_reference_check(rank: int, assets: dict[str, Path], run_dir: str) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (a declared dependency; the GPU machine's bundle has none)")
 def test_zero3_reference_offload_gives_the_same_log_probs(assets: dict[str, Path], tmp_path: Path) -> None:
     """ZeRO-3 (two gloo workers): ``ref.fsdp_config.param_offload`` turns on DeepSpeed's offload_param
     for the reference engine (its parameter partitions in CPU memory; DeepSpeed runs its offload code
@@ -390,7 +402,10 @@ def test_fsdp2_offload_keeps_shards_gradients_and_adam_state_in_pinned_cpu_memor
         else:
             assert all(t.device.type == "cuda" for t in local)
         del engine, model, local, state
-    assert results[True] == pytest.approx(results[False], rel=1e-6)
+    # The same loss; the gradient norm is summed on the CPU under offload and on the GPU without it, in
+    # another order: an H200 read 7.322215 vs 7.322268 (7.2e-6 relative, 2026-11-27).
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)
+    assert results[True][1] == pytest.approx(results[False][1], rel=2e-5)
 
 
 @needs_cuda

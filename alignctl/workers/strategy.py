@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from alignctl.device import cuda_available
 from alignctl.models.blocks import transformer_blocks
 from alignctl.workers.train_engine import TrainEngine
 
@@ -73,18 +72,24 @@ class FSDP2Engine(TrainEngine):
     ``offload=True`` shards with torch's ``CPUOffloadPolicy``: the parameter shards, their gradients
     and (since the optimizer is built on those shards) the optimizer state stay in CPU memory; each
     unit's shards are copied to the device for its all-gather and the optimizer steps on the CPU.
-    Pinned host memory is used when the device mesh is CUDA (``fully_shard``'s default mesh is CUDA
-    whenever CUDA is available); pinning needs CUDA."""
+    Pinned host memory is used when the device mesh is CUDA; pinning needs CUDA.
+
+    The mesh is the process group's device (NCCL: CUDA, gloo: CPU), never ``fully_shard``'s default,
+    which is CUDA whenever CUDA is visible: a CPU worker on a GPU machine (``trainer.device=cpu``)
+    otherwise computed on cuda:0 and failed on its CPU batches (found on an H200, torch 2.11)."""
 
     def __init__(self, model: nn.Module, world_size: int, *, offload: bool = False) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         super().__init__(model, world_size)
         self.offload = offload
-        policy = CPUOffloadPolicy(pin_memory=cuda_available()) if offload else OffloadPolicy()
+        device_type = collective_device().type
+        mesh = init_device_mesh(device_type, (world_size,))
+        policy = CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload else OffloadPolicy()
         for block in transformer_blocks(model):
-            fully_shard(block, offload_policy=policy)
-        fully_shard(model, offload_policy=policy)
+            fully_shard(block, mesh=mesh, offload_policy=policy)
+        fully_shard(model, mesh=mesh, offload_policy=policy)
         self._fsdp_modules = [m for m in model.modules() if hasattr(m, "unshard") and hasattr(m, "reshard")]
 
     def clip_gradients(self, params: list[nn.Parameter], grad_clip: float) -> torch.Tensor:
