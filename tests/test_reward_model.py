@@ -412,13 +412,9 @@ def test_pipeline_yamls_load() -> None:
         assert cfg.data.train_files and cfg.data.val_files and cfg.model.path
 
 
-def test_share_prompt_gives_the_trainers_batch_the_scores_of_the_padded_forward(small: tuple[Path, Path],
-                                                                                 tmp_path: Path) -> None:
-    """share_prompt (the default) computes what a pair's chosen and rejected sides share once; on a
-    collated TRL batch its logits equal those of the same model's padded forward (share_prompt=false,
-    transformers' own pooling) to float rounding, and its loss has the same gradient."""
-    data, model = small
-    train = data / "pref_train.parquet"
+def _shared_and_padded_agree(model: Path, train: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The logits and gradients of one collated TRL batch under share_prompt and share_prompt=false
+    (same weights), compared; returns the batch."""
     shared, pairs, _ = _rm_trainer(rm_config(model, train, None, tmp_path / "a"), train)
     padded, _, _ = _rm_trainer(rm_config(model, train, None, tmp_path / "b", "share_prompt=false"), train)
     padded.model.load_state_dict(shared.model.state_dict())  # the same score head (it starts random)
@@ -438,3 +434,46 @@ def test_share_prompt_gives_the_trainers_batch_the_scores_of_the_padded_forward(
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+    return batch
+
+
+def test_share_prompt_gives_the_trainers_batch_the_scores_of_the_padded_forward(small: tuple[Path, Path],
+                                                                                 tmp_path: Path) -> None:
+    """share_prompt (the default) computes what a pair's chosen and rejected sides share once; on a
+    collated TRL batch its logits equal those of the same model's padded forward (share_prompt=false)
+    to float rounding, and its loss has the same gradient."""
+    data, model = small
+    _shared_and_padded_agree(model, data / "pref_train.parquet", tmp_path)
+
+
+def test_padded_forward_reads_the_eos_where_pad_is_eos(small: tuple[Path, Path], tmp_path: Path) -> None:
+    """A tokenizer whose pad token is its eos and no chat template (TRL appends eos to plain text):
+    every sequence of the batch ends with the pad id. transformers' pooling would read the token
+    before it; the padded forward of train-rm (share_prompt=false, the GPU default) must read the
+    eos, as the shared-prompt forward and eval's and PPO's scorers do, or a reward model trained on a
+    GPU is scored at a position it never trained. Reference: the shared-prompt forward."""
+    import shutil
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    data, model = small
+    folder = tmp_path / "pad_is_eos"
+    shutil.copytree(model, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.pad_token, tokenizer.chat_template = tokenizer.eos_token, None
+    tokenizer.save_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder)
+    config.pad_token_id = tokenizer.eos_token_id
+    config.save_pretrained(folder)
+    assert not AutoTokenizer.from_pretrained(folder).chat_template
+    pairs = pd.read_parquet(data / "pref_train.parquet")
+    for column in ("prompt", "chosen", "rejected"):  # plain text, for a model without a chat template
+        pairs[column] = ["".join(m["content"] for m in messages) for messages in pairs[column]]
+    train = tmp_path / "plain_pairs.parquet"
+    pairs[["prompt", "chosen", "rejected"]].to_parquet(train)
+
+    batch = _shared_and_padded_agree(folder, train, tmp_path)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    last = ids[torch.arange(len(ids)), mask.sum(-1) - 1]
+    assert (last == tokenizer.eos_token_id).all() and (mask == 0).any()  # right-padded with the eos id

@@ -28,7 +28,7 @@ from alignctl.models.forward import attention_inputs, pack_for_model, pack_padde
 from alignctl.models.loading import last_token_index, position_ids_from_mask, score_last_token
 
 __all__ = ["common_prefix_length", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout", "score_padded",
-           "score_shared_prompts", "use_shared_prompt_forward"]
+           "score_shared_prompts", "use_last_token_forward", "use_shared_prompt_forward"]
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -144,5 +144,23 @@ def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int |
         sequences = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
         scores = score_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id, max_tokens_per_row)
         return SequenceClassifierOutputWithPast(logits=scores[:, None])
+
+    model.forward = types.MethodType(forward, model)
+
+
+def use_last_token_forward(model: Any) -> None:
+    """Make ``model(input_ids, attention_mask)`` of a reward model read its score at each row's last
+    attended token (:func:`~alignctl.models.loading.score_last_token`) on the padded batch as given,
+    instead of transformers' own pooling, which takes the last token that is not ``pad_token_id``.
+    Where pad == eos and a sequence ends with eos (Llama-3-style templates, TRL's appended eos on
+    plain text) that pooling reads the token before the eos, while eval's and PPO's scorers and the
+    shared-prompt forward read the eos itself: a reward model trained padded would be scored at a
+    position it never trained. Patched on the instance like :func:`use_shared_prompt_forward`."""
+    import types
+
+    from transformers.modeling_outputs import SequenceClassifierOutputWithPast
+
+    def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> Any:
+        return SequenceClassifierOutputWithPast(logits=score_last_token(self, input_ids, attention_mask)[:, None])
 
     model.forward = types.MethodType(forward, model)

@@ -100,10 +100,12 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     common.drop_printer_callback(trainer)
     from alignctl.models.blocks import freeze_bottom_layers
     freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"train-rm: model.path '{cfg.model.path}'")
+    from alignctl.models.reward_forward import use_last_token_forward, use_shared_prompt_forward
     if share:
-        from alignctl.models.reward_forward import use_shared_prompt_forward
         pad = tokenizer.pad_token_id
         use_shared_prompt_forward(trainer.model, int(pad) if pad is not None else 0)  # pads are never read
+    else:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
+        use_last_token_forward(trainer.model)
     return trainer
 
 
