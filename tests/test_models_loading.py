@@ -262,3 +262,39 @@ def test_score_last_token_left_right_and_alone(rm_dir: Path) -> None:
 def test_reward_model_from_causal_lm_folder(lm_dir: Path) -> None:
     model = load_reward_model(lm_dir)
     assert model.config.num_labels == 1 and model.score.weight.shape == (1, 16)
+
+
+def test_loading_draws_no_transformers_bar_and_restores_the_setting(lm_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Every loader goes through one ``from_pretrained`` wrapper that turns transformers' tqdm bars
+    off for the load ("Loading weights" once per model buried eval's output) and back on after."""
+    import transformers
+
+    transformers.logging.enable_progress_bar()
+    capfd.readouterr()
+    load_causal_lm(lm_dir)
+    transformers.AutoModelForCausalLM.from_pretrained(lm_dir)  # the bare call, as a control
+    captured = capfd.readouterr()
+    assert captured.err.count("Loading weights") >= 1  # the control drew its bar: the check can see one
+    load_causal_lm(lm_dir)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert transformers.logging.is_progress_bar_enabled()
+
+
+def test_deepspeed_cpu_notice_is_filtered_and_nothing_else() -> None:
+    """Workers and TRL stages attach one filter to DeepSpeed's logger: its GPU-not-found notice goes,
+    any other record passes; attaching twice keeps one filter."""
+    import logging
+
+    from alignctl.quiet import DEEPSPEED_LOGGER, filter_deepspeed_cpu_notice, not_cpu_accelerator_notice
+
+    filter_deepspeed_cpu_notice()
+    filter_deepspeed_cpu_notice()
+    logger = logging.getLogger(DEEPSPEED_LOGGER)
+    assert logger.filters.count(not_cpu_accelerator_notice) == 1
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord(DEEPSPEED_LOGGER, logging.WARNING, "real_accelerator.py", 213, message, None, None)
+
+    notice = record("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+    assert not logger.filter(notice)
+    assert logger.filter(record("ZeRO stage 3 offload: out of pinned memory"))

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from alignctl.errors import UserError
+from alignctl.quiet import no_transformers_bars
 
 # Importing registers the "alignctl_segment_sdpa" attention implementation with transformers, so
 # it can be requested at load time like "sdpa".
@@ -116,7 +117,8 @@ def _load_kwargs(
 def _from_pretrained(auto_cls: Any, source: str, what: str, expected: str, **kwargs: Any) -> Any:
     """Call ``auto_cls.from_pretrained`` and turn "wrong kind of folder" errors into UserErrors."""
     try:
-        return auto_cls.from_pretrained(source, **kwargs)
+        with no_transformers_bars():  # a "Loading weights" bar per model would bury the stage's own output
+            return auto_cls.from_pretrained(source, **kwargs)
     except (ValueError, KeyError) as exc:  # unknown config class / model type / architecture
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{what} '{source}' cannot be loaded as {expected}: {first}") from exc

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from alignctl.device import cuda_available
 from alignctl.errors import UserError
 from alignctl.models.compat import training_checkpointing_key
+from alignctl.quiet import filter_deepspeed_cpu_notice
 
 if TYPE_CHECKING:  # keep heavy imports out of module import time
     import datasets
@@ -235,22 +236,13 @@ def drop_printer_callback(trainer: Any) -> None:
 # ------------------------------------------------------------------------------ quieting
 
 
-def _not_cpu_accelerator_notice(record: logging.LogRecord) -> bool:
-    # DeepSpeed (imported by accelerate) warns on every CPU-only import that it "was unable to
-    # detect" a GPU; on a CPU machine that is expected, not a problem.
-    return "Setting accelerator to CPU" not in record.getMessage()
-
-
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[None]:
     """Silence transformers/TRL/datasets info chatter and per-map progress bars during a stage
     (their warnings about choices alignctl made on the user's behalf only confuse); restores the
     previous verbosity afterwards. Errors still raise."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    # DeepSpeed re-creates its logger on import but keeps filters already attached to it.
-    deepspeed_logger = logging.getLogger("DeepSpeed")
-    if _not_cpu_accelerator_notice not in deepspeed_logger.filters:
-        deepspeed_logger.addFilter(_not_cpu_accelerator_notice)
+    filter_deepspeed_cpu_notice()
     import datasets
     import transformers
 

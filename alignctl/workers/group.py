@@ -174,9 +174,12 @@ def _quiet_libraries() -> None:
 
     import transformers
 
+    from alignctl.quiet import filter_deepspeed_cpu_notice
+
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    filter_deepspeed_cpu_notice()  # saving a checkpoint imports DeepSpeed in the worker
 
 
 @dataclass
