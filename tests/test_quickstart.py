@@ -58,3 +58,48 @@ def test_quickstart_runs_end_to_end_then_is_fully_cached(tmp_path: Path, capsys)
     print_summary(second)
     shown = capsys.readouterr().out
     assert "win rate" in shown and "report (eval_ppo)" in shown
+
+
+def test_quickstart_shapes_script_builds_a_random_model_and_a_valid_pipeline(tmp_path: Path) -> None:
+    """scripts/quickstart_shapes.py (GPU cost runs without the real weights): the random model has the
+    source's config and tokenizer and other weights; the written pipeline is quickstart.yaml without its
+    import stage, the SFT starting from that model, and passes ``alignctl run --dry-run``; a workdir
+    holding the user's own files is refused (exit 2) and left as it was."""
+    import sys
+
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import quickstart_shapes
+
+    from alignctl.models.tiny import init_model
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": f"What is {a} + {b}? #### {a + b}"}) + "\n"
+                             for a in range(20) for b in range(20)))
+    source = tmp_path / "source"
+    init_model(out=source, tokenizer_from=[texts], hidden=32, layers=2, vocab_size=300, seed=3)
+    workdir = tmp_path / "shapes"
+    assert quickstart_shapes.main(["--shapes-from", str(source), "--workdir", str(workdir), "--dry-run",
+                                   "grpo.trainer.total_training_steps=2"]) == 0
+    model = workdir / "random_model"
+    assert json.loads((model / "config.json").read_text())["hidden_size"] == 32
+    assert (model / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    ours, theirs = load_file(model / "model.safetensors"), load_file(source / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(ours[k].shape == theirs[k].shape for k in ours)
+    assert any(not torch.equal(ours[k], theirs[k]) for k in ours if ours[k].dim() == 2)  # seed 0, not 3
+    spec = yaml.safe_load((workdir / "quickstart_shapes.yaml").read_text())
+    shipped = yaml.safe_load((REPO_ROOT / "pipelines" / "quickstart.yaml").read_text())
+    assert set(spec["stages"]) == set(shipped["stages"]) - {"base_model"}
+    assert spec["stages"]["sft"]["config"]["model"]["path"] == str(model)
+    assert spec["stages"]["grpo"] == shipped["stages"]["grpo"]
+    assert spec["workdir"] == str(workdir / "work")
+
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    assert quickstart_shapes.main(["--shapes-from", str(source), "--workdir", str(users), "--dry-run"]) == 2
+    assert [p.name for p in users.iterdir()] == ["notes.txt"]
