@@ -133,3 +133,16 @@ def test_docs_config_reference_is_up_to_date():
     from conftest import REPO_ROOT
 
     assert (REPO_ROOT / "docs" / "config.md").read_text(encoding="utf-8") == render_reference()
+
+
+def test_unquoted_pipeline_references_in_a_list_override_are_read_as_meant():
+    """``key=[${data}/a.parquet]`` is no YAML (``{`` opens a mapping inside a flow list): the override is
+    read with each reference quoted; quoted ones, scalars and other text are as before."""
+    from alignctl.config.core import parse_override
+
+    assert parse_override("data.val_files=[${data}/test.parquet]") == (["data", "val_files"], ["${data}/test.parquet"])
+    assert parse_override("f=[${data}/a.parquet, ${judge_data}/b.parquet]")[1] == \
+        ["${data}/a.parquet", "${judge_data}/b.parquet"]
+    assert parse_override("f=['${data}/a', \"${x}\"]")[1] == ["${data}/a", "${x}"]
+    assert parse_override("f=${data}/a")[1] == "${data}/a"
+    assert parse_override("f={x: [}")[1] == "{x: [}"  # unparsable and no reference: the text, as before

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -106,8 +107,25 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         # A bare "~" is YAML's null, but on a command line it means the home folder.
         value = raw.strip() if raw.strip() == "~" else (load_yaml(raw) if raw.strip() else "")
     except yaml.YAMLError:
-        value = raw  # an unparsable scalar is taken as a plain string; type checking follows
+        value = _with_quoted_references(raw)
     return key.split("."), value
+
+
+# A pipeline reference (``${stage}`` and an optional /sub/path) not already inside quotes.
+_BARE_REFERENCE = re.compile(r"""(?<!["'\w])(\$\{[^}]*\}[^,\]\}\s]*)""")
+
+
+def _with_quoted_references(raw: str) -> Any:
+    """``[${data}/a.parquet]`` is no YAML (``{`` opens a mapping inside a list): read it with each
+    ``${...}`` reference quoted, as the user meant; anything else unparsable stays a plain string
+    (type checking follows)."""
+    quoted = _BARE_REFERENCE.sub(r'"\1"', raw)
+    if quoted != raw:
+        try:
+            return load_yaml(quoted)
+        except yaml.YAMLError:
+            pass
+    return raw
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[str]:
