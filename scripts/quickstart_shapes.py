@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing, as on t
 
 from alignctl.errors import UserError  # noqa: E402
 from alignctl.pipeline.atomic import atomic_output_dir, atomic_write_text  # noqa: E402
-from alignctl.pipeline.ownership import MARKER, check_output_dir, mark_owned  # noqa: E402
+from alignctl.pipeline.cache import check_workdir  # noqa: E402
+from alignctl.pipeline.ownership import is_owned, mark_owned  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
@@ -86,10 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir.expanduser().absolute()
     try:
-        if workdir.exists():
-            check_output_dir(workdir, key="--workdir", overwrite=True)  # never a folder of the user's
+        check_workdir(workdir)  # the pipeline workdir's rule: new, empty or alignctl's, never the user's
         workdir.mkdir(parents=True, exist_ok=True)
-        if not (workdir / MARKER).is_file():
+        if not is_owned(workdir):
             mark_owned(workdir, "quickstart-shapes")
         model = random_model(args.shapes_from.expanduser(), workdir / "random_model")
         pipeline = workdir / "quickstart_shapes.yaml"

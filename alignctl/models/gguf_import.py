@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from alignctl.errors import UserError, writing
+from alignctl.quiet import no_transformers_bars
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16")
@@ -234,21 +235,17 @@ def _quiet_transformers() -> Iterator[None]:
     """No tqdm bars from the load and the save: the steps are reported on the console instead,
     and a bar left half-drawn would sit above a one-line error. The legacy GGUF loader imports
     tqdm directly, out of reach of transformers' own switch, so its module name is patched."""
-    import transformers
     from transformers import modeling_gguf_pytorch_utils as legacy
 
-    bars_were_on = transformers.logging.is_progress_bar_enabled()
-    transformers.logging.disable_progress_bar()
     original = getattr(legacy, "tqdm", None)
     if original is not None:
         legacy.tqdm = functools.partial(original, disable=True)
     try:
-        yield
+        with no_transformers_bars():
+            yield
     finally:
         if original is not None:
             legacy.tqdm = original
-        if bars_were_on:
-            transformers.logging.enable_progress_bar()
 
 
 def _load_error(key: str, exc: Exception) -> UserError:

@@ -19,7 +19,7 @@ sharing). Everything is differentiable: train-rm trains through it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -136,16 +136,12 @@ def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int |
     still scored exactly, only with less sharing). Patched on the instance, as a bound method so
     accelerate's mixed-precision wrapper wraps it like the class's own forward; parameter names and
     the saved folder are unchanged."""
-    import types
 
-    from transformers.modeling_outputs import SequenceClassifierOutputWithPast
-
-    def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> Any:
+    def scores(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
-        scores = score_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id, max_tokens_per_row)
-        return SequenceClassifierOutputWithPast(logits=scores[:, None])
+        return score_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id, max_tokens_per_row)
 
-    model.forward = types.MethodType(forward, model)
+    _forward_from_scores(model, scores)
 
 
 def use_last_token_forward(model: Any) -> None:
@@ -156,11 +152,18 @@ def use_last_token_forward(model: Any) -> None:
     plain text) that pooling reads the token before the eos, while eval's and PPO's scorers and the
     shared-prompt forward read the eos itself: a reward model trained padded would be scored at a
     position it never trained. Patched on the instance like :func:`use_shared_prompt_forward`."""
+    _forward_from_scores(model, score_last_token)
+
+
+def _forward_from_scores(model: Any, scores: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """Replace ``model.forward`` on the instance by ``scores(model, input_ids, attention_mask)`` [B]
+    wrapped as transformers' classifier output, as a bound method (accelerate's mixed-precision
+    wrapper wraps it like the class's own forward)."""
     import types
 
     from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
     def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> Any:
-        return SequenceClassifierOutputWithPast(logits=score_last_token(self, input_ids, attention_mask)[:, None])
+        return SequenceClassifierOutputWithPast(logits=scores(self, input_ids, attention_mask)[:, None])
 
     model.forward = types.MethodType(forward, model)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from alignctl.errors import UserError, writing
+from alignctl.quiet import no_transformers_bars
 
 BOS, EOS, PAD, UNK = "<|bos|>", "<|end|>", "<|pad|>", "<|unk|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -330,13 +331,8 @@ def init_model(
     def write(folder: Path) -> None:
         # transformers' "Writing model shards" bar is noise for a one-file model, and a failed
         # write would leave it half-drawn above the one-line error.
-        bars_were_on = transformers.logging.is_progress_bar_enabled()
-        transformers.logging.disable_progress_bar()
-        try:
+        with no_transformers_bars():
             model.save_pretrained(folder)
-        finally:
-            if bars_were_on:
-                transformers.logging.enable_progress_bar()
         tokenizer.save_pretrained(folder)
         _portable_tokenizer_class(folder)
 

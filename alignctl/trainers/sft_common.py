@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from alignctl.device import cuda_available
 from alignctl.errors import UserError
 from alignctl.models.compat import training_checkpointing_key
-from alignctl.quiet import filter_deepspeed_cpu_notice
+from alignctl.quiet import filter_deepspeed_cpu_notice, no_transformers_bars
 
 if TYPE_CHECKING:  # keep heavy imports out of module import time
     import datasets
@@ -249,17 +249,15 @@ def quiet_libraries() -> Iterator[None]:
     old_tf = transformers.logging.get_verbosity()
     old_ds = datasets.logging.get_verbosity()
     bars_were_on = datasets.is_progress_bar_enabled()
-    tf_bars_were_on = transformers.logging.is_progress_bar_enabled()
     loggers = [logging.getLogger(name) for name in ("trl", "accelerate", "torch.distributed")]
     old_levels = [lg.level for lg in loggers]
     transformers.logging.set_verbosity_error()
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()
-    transformers.logging.disable_progress_bar()  # "Loading weights" / "Writing model shards"
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), no_transformers_bars():  # "Loading weights" / "Writing model shards"
             warnings.filterwarnings("ignore", category=FutureWarning)
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(transformers|trl|accelerate|torch)\.")
             yield
@@ -268,8 +266,6 @@ def quiet_libraries() -> Iterator[None]:
         datasets.logging.set_verbosity(old_ds)
         if bars_were_on:
             datasets.enable_progress_bars()
-        if tf_bars_were_on:
-            transformers.logging.enable_progress_bar()
         for lg, level in zip(loggers, old_levels):
             lg.setLevel(level)
 
