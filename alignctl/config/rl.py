@@ -159,6 +159,10 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per reference forward (default: all).")
+    dtype: str = field("auto", help="Weights of the frozen reference copy. auto: the policy's model.dtype. bfloat16: "
+                                    "a bf16 copy whose output projection stays float32 (log-probs in ~half the "
+                                    "time on a CPU with bf16 instructions; docs/models.md). Full fine-tuning "
+                                    "with actor.strategy=ddp only.", choices=("auto", "bfloat16"))
     fsdp_config: FrozenOffloadConfig = section(FrozenOffloadConfig, help="Offload of the reference weights (full "
                                                                          "fine-tuning; under LoRA there are none).")
 
@@ -202,6 +206,12 @@ class RolloutConfig:
     top_p: float = field(1.0, gt=0, le=1, help="Nucleus threshold.")
     top_k: int = field(-1, ge=-1, help="Top-k (-1: off).")
     do_sample: bool = field(True, help="Sample (true) or greedy (false).")
+    dtype: str = field("auto", help="hf engine: the weights it generates with. auto: the training module itself (no "
+                                    "copy). bfloat16: a bf16 copy of the policy (output projection float32), "
+                                    "refreshed from the training weights before every rollout: ~1.8x faster "
+                                    "generation on a CPU with bf16 instructions (docs/models.md). With "
+                                    "actor.recompute_old_log_prob=false its log-probs are the old log-probs. "
+                                    "Full fine-tuning with actor.strategy=ddp only.", choices=("auto", "bfloat16"))
     log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per old-log-prob forward (default: all).")
     gpu_memory_utilization: float = field(0.5, gt=0, le=1, help="vllm: fraction of GPU memory for weights + KV cache.")
     tensor_model_parallel_size: int = field(1, ge=1, help="vllm: tensor-parallel degree.")
@@ -497,6 +507,7 @@ class RLConfig:
         self._check_multi_turn()
         self._check_offload()
         self._check_actor_freeze()
+        self._check_copy_dtypes()
         for key in ("test_freq", "save_freq"):
             if getattr(self.trainer, key) == 0:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
@@ -527,6 +538,22 @@ class RLConfig:
         if model.freeze_layers and model.lora_rank > 0:
             raise UserError(f"key 'actor_rollout_ref.model.freeze_layers' ({model.freeze_layers}) cannot be used with "
                             "model.lora_rank > 0: LoRA already freezes every base weight; set one of them to 0")
+
+    def _check_copy_dtypes(self) -> None:
+        """bf16 copies of the policy are whole unsharded modules built from the plain weights."""
+        arr = self.actor_rollout_ref
+        for key, dtype in (("rollout.dtype", arr.rollout.dtype), ("ref.dtype", arr.ref.dtype)):
+            if dtype == "auto":
+                continue
+            why = None
+            if key == "rollout.dtype" and arr.rollout.name != "hf":
+                why = f"rollout.name=hf (got {arr.rollout.name}; vllm loads its own weights in model.dtype)"
+            elif arr.model.lora_rank > 0:
+                why = "full fine-tuning (model.lora_rank > 0 keeps no separate weights to copy)"
+            elif arr.actor.strategy != "ddp":
+                why = f"actor.strategy=ddp (got {arr.actor.strategy}: a whole copy on every rank would undo its sharding)"
+            if why:
+                raise UserError(f"key 'actor_rollout_ref.{key}' ({dtype}) needs {why}")
 
     def _check_offload(self) -> None:
         """FSDP2's CPUOffloadPolicy exists only for fsdp2 (deepspeed has its own keys); LoRA keeps no

@@ -86,7 +86,7 @@ class ActorRolloutRefWorker:
         """``hf`` generates with the training module itself; an engine with its own copy (vllm)
         gets the current full weights after every update."""
         if self.cfg.actor_rollout_ref.rollout.name == "hf":
-            self.rollout.sync_weights()
+            self.policy.refresh_rollout_model()  # a bf16 copy (rollout.dtype); else the training module itself
             return
         with self.engine.gathered() as model:
             self.rollout.sync_weights(model)

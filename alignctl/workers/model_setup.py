@@ -26,6 +26,7 @@ from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
+from alignctl.workers.low_precision import low_precision_copy, refresh_copy
 from alignctl.workers.offload import ParkedModule
 from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
 from alignctl.workers.train_engine import TrainEngine
@@ -64,6 +65,13 @@ class Policy:
     eos_ids: list[int]
     lora: Any = None  # the peft LoraConfig when training adapters
     ref_parking: ParkedModule | None = None  # an unsharded reference kept in CPU memory between passes
+    rollout_model: nn.Module | None = None  # the hf engine's own low-precision copy (rollout.dtype), else None
+
+    def refresh_rollout_model(self) -> None:
+        """Bring the rollout's own copy up to the current training weights (nothing without one)."""
+        if self.rollout_model is not None:
+            with self.engine.gathered() as model:
+                refresh_copy(self.rollout_model, model)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[nn.Module]:
@@ -77,6 +85,8 @@ class Policy:
             yield ref
 
     def rollout_kwargs(self, rollout: RolloutConfig) -> dict[str, Any]:
+        if rollout.name == "hf" and self.rollout_model is not None:  # its own bf16 copy, refreshed per rollout
+            return {"model": self.rollout_model, "pad_token_id": self.pad_id, "eos_token_id": self.eos_ids}
         if rollout.name == "hf":  # the training module itself: no weight copy (the hybrid engine)
             return {"model": self.model, "pad_token_id": self.pad_id, "eos_token_id": self.eos_ids,
                     "gather_params": self.engine.gathered}
@@ -153,6 +163,13 @@ def _engine_options(actor: ActorConfig) -> dict[str, Any]:
     return {"options": actor.deepspeed, "key": "actor_rollout_ref.actor.deepspeed"}
 
 
+def _reference_copy(model: nn.Module, dtype: str) -> nn.Module:
+    """The frozen initial weights, in CPU memory: as loaded, or a bf16 copy (``ref.dtype``)."""
+    if dtype == "auto":
+        return copy.deepcopy(model).eval().requires_grad_(False)
+    return low_precision_copy(model, dtype, "cpu")
+
+
 def _reference_engine(arr: ActorRolloutRefConfig, ref: nn.Module, ctx: DistContext
                       ) -> tuple[TrainEngine, ParkedModule | None]:
     """The frozen copy (still in CPU memory), sharded like the actor where that saves memory (fsdp2,
@@ -185,7 +202,8 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
         model.config.use_cache = False
     lora = lora_config(arr.model) if arr.model.lora_rank > 0 else None
     # Copied while still in CPU memory: an offloaded reference never occupies the device whole.
-    ref = None if lora is not None else copy.deepcopy(model).eval().requires_grad_(False)
+    ref = None if lora is not None else _reference_copy(model, arr.ref.dtype)
+    rollout_model = None if arr.rollout.dtype == "auto" else low_precision_copy(model, arr.rollout.dtype, ctx.device)
     offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy
     # After the reference copy (which must not inherit it), before the engine: DDP and the optimizer
     # take only the parameters that train.
@@ -200,7 +218,8 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     attach_optimizer(engine, model, arr.actor.optim, total_steps)
     ref_engine, ref_parking = (None, None) if ref is None else _reference_engine(arr, ref, ctx)
     pad_id = int(tokenizer.pad_token_id)
-    return Policy(model, engine, ref_engine, tokenizer, pad_id, eos_ids(tokenizer, model), lora, ref_parking)
+    return Policy(model, engine, ref_engine, tokenizer, pad_id, eos_ids(tokenizer, model), lora, ref_parking,
+                  rollout_model)
 
 
 def save_hf_folder(policy: Policy, path: str, *, is_writer: bool) -> None:
