@@ -12,6 +12,9 @@ prompts, both sides alternating (A B A B) so a load change hits both alike:
 "ours" is bf16 autocast with the LM head kept in float32 (what ``trainer.precision=bf16`` does in the
 actor), the baseline fp32;
 the ratio is fp32 time / bf16 time. It also prints the largest log-prob gap between the two.
+A third side times ``rollout`` and ``log_probs`` on a bf16 *copy* of the model (weights stored in bf16,
+output projection float32: what ``rollout.dtype=bfloat16`` / ``ref.dtype=bfloat16`` use), with its
+own log-prob gap and ratio against fp32 (no ``train``: a copy does not train).
 bf16 only pays where the hardware has bf16 matmuls (CUDA; CPUs with avx512_bf16 or AMX); on other
 CPUs expect a ratio below 1.
 
@@ -32,6 +35,7 @@ from _common import parse_bench_args, report, set_threads, summarize, time_inter
 from alignctl.models.forward import compute_log_probs  # noqa: E402
 from alignctl.rollout import SamplingParams, get_rollout_engine  # noqa: E402
 from alignctl.workers.device import autocast, float32_output_head  # noqa: E402
+from alignctl.workers.low_precision import low_precision_copy  # noqa: E402
 
 PROMPTS, N, PROMPT_LEN, RESPONSE_LEN, MICRO = 8, 4, 60, 40, 8
 
@@ -77,19 +81,28 @@ def main() -> None:
     threads = set_threads(args.threads)
     layers = 4 if args.quick else 30
     model = smollm2_shaped(layers)
+    copy = low_precision_copy(model, "bfloat16", "cpu")  # before the patch below: float32 has its own head
     float32_output_head(model, "cpu")  # as the RL actor does under bf16 (a no-op for the float32 side)
-    sides = {"bf16": passes(model, "bf16"), "fp32": passes(model, "fp32")}
-    gap = (sides["bf16"]["log_probs"]() - sides["fp32"]["log_probs"]()).abs().max().item()
-    print(f"largest |log-prob bf16 - fp32| over {PROMPTS * N} x {RESPONSE_LEN} tokens: {gap:.4f}")
+    sides = {"bf16": passes(model, "bf16"), "fp32": passes(model, "fp32"), "bf16_copy": passes(copy, "fp32")}
+    exact = sides["fp32"]["log_probs"]()
+    gaps = {side: (sides[side]["log_probs"]() - exact).abs().max().item() for side in ("bf16", "bf16_copy")}
+    for side, gap in gaps.items():
+        print(f"largest |log-prob {side} - fp32| over {PROMPTS * N} x {RESPONSE_LEN} tokens: {gap:.4f}")
     setup = {"layers": layers, "prompts": PROMPTS, "n": N, "prompt_len": PROMPT_LEN, "response_len": RESPONSE_LEN,
-             "micro_batch": MICRO, "threads": threads, "max_logprob_gap": gap}
+             "micro_batch": MICRO, "threads": threads, "max_logprob_gap": gaps["bf16"],
+             "max_logprob_gap_copy": gaps["bf16_copy"]}
     repeats = 1 if args.quick else 3
     for name in ("rollout", "log_probs", "train"):
-        times = time_interleaved({side: fns[name] for side, fns in sides.items()}, warmup=1, repeats=repeats)
-        ours, base = (summarize(times[side]["wall"])["median"] for side in ("bf16", "fp32"))
-        json_path = None if args.json is None else f"{args.json.removesuffix('.json')}-{name}.json"
-        report(f"precision/{name}: bf16 autocast vs fp32", ours, base, "s per pass", setup,
-               higher_is_better=False, json_path=json_path)
+        timed = [side for side in sides if name != "train" or side != "bf16_copy"]
+        times = time_interleaved({side: sides[side][name] for side in timed}, warmup=1, repeats=repeats)
+        median = {side: summarize(times[side]["wall"])["median"] for side in timed}
+        for side, label in (("bf16", "bf16 autocast"), ("bf16_copy", "bf16 copy")):
+            if side not in median:
+                continue
+            stem = None if args.json is None else args.json.removesuffix(".json")
+            json_path = None if stem is None else f"{stem}-{name}{'-copy' if side == 'bf16_copy' else ''}.json"
+            report(f"precision/{name}: {label} vs fp32", median[side], median["fp32"], "s per pass", setup,
+                   higher_is_better=False, json_path=json_path)
 
 
 if __name__ == "__main__":
