@@ -14,7 +14,8 @@ from alignctl.config.core import to_dict
 from alignctl.errors import UserError
 from alignctl.models.forward import compute_log_probs
 from alignctl.workers.group import DistContext
-from alignctl.workers.low_precision import low_precision_copy, refresh_copy
+from alignctl.rollout.hf_engine import HFRolloutEngine
+from alignctl.workers.low_precision import low_precision_copy
 from rl_helpers import make_assets, prompt_batch, rl_config, with_advantages
 
 
@@ -52,13 +53,15 @@ def test_copy_is_bf16_with_a_float32_untied_head(tied):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_refresh_copies_every_weight_rounded(tied):
+def test_engine_sync_refreshes_every_weight_rounded(tied):
+    """The actor keeps the copy current through the engine's sync_weights((name, tensor) pairs), with
+    tied weights listed under both names so the untied float32 head is refreshed too."""
     model = _llama(tied)
     clone = low_precision_copy(model, "bfloat16", "cpu")
     with torch.no_grad():  # an update: every weight moves
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
-    refresh_copy(clone, model)
+    HFRolloutEngine(clone).sync_weights(model.named_parameters(remove_duplicate=False))
     source = dict(model.named_parameters(remove_duplicate=False))
     for name, p in clone.named_parameters(remove_duplicate=False):
         assert torch.equal(p, source[name].detach().to(p.dtype)), name

@@ -83,13 +83,15 @@ class ActorRolloutRefWorker:
         return Batch(tensors, expand_lists(prompts, out), {**meta, **gen_meta})
 
     def _sync_rollout_weights(self) -> None:
-        """``hf`` generates with the training module itself; an engine with its own copy (vllm)
-        gets the current full weights after every update."""
-        if self.cfg.actor_rollout_ref.rollout.name == "hf":
-            self.policy.refresh_rollout_model()  # a bf16 copy (rollout.dtype); else the training module itself
+        """``hf`` generates with the training module itself; an engine with its own copy (vllm, or hf's
+        bf16 copy) gets the current full weights after every update."""
+        hf = self.cfg.actor_rollout_ref.rollout.name == "hf"
+        if hf and self.policy.rollout_model is None:
             return
         with self.engine.gathered() as model:
-            self.rollout.sync_weights(model)
+            # hf's own bf16 copy (rollout.dtype) takes the weights by name, cast on copy; a tied output
+            # projection is listed under its own name too, for the copy's untied float32 head.
+            self.rollout.sync_weights(model.named_parameters(remove_duplicate=False) if hf else model)
 
     # ------------------------------------------------------------------ log-probs
 

@@ -9,6 +9,9 @@ weights, gradients and optimizer state: RL updates lost most of their gain under
 The output projection of a copy stays float32 (a separate, untied float32 weight when the model ties
 it to the embeddings): the logits feed the sampler and every log-prob, and bf16 logits carry ~0.06 of
 rounding at |logit| 16 (the reason ``workers.device.float32_output_head`` exists).
+
+The rollout's copy is kept current by the engine's own ``sync_weights((name, tensor) pairs)``, the
+path for a rollout that holds its own weights (``workers.actor``).
 """
 
 from __future__ import annotations
@@ -42,15 +45,3 @@ def low_precision_copy(model: nn.Module, dtype: str, device: str) -> nn.Module:
                                        requires_grad=False)
     float32_output_head(clone, device)  # casts the bf16 hidden state up before the float32 projection
     return clone
-
-
-@torch.no_grad()
-def refresh_copy(clone: nn.Module, source: nn.Module) -> None:
-    """Copy ``source``'s current weights into ``clone`` (made by :func:`low_precision_copy` from a module
-    of the same architecture), casting each to the clone's dtype. Every parameter is copied, trained
-    or frozen; cheap next to a rollout (one pass over the weights)."""
-    target = dict(clone.named_parameters(remove_duplicate=False))
-    for name, weight in source.named_parameters(remove_duplicate=False):
-        if name not in target:
-            raise KeyError(f"refresh_copy: the copy has no parameter {name!r}")
-        target[name].copy_(weight)  # a tied projection is listed under its own name too: float32 there

@@ -26,7 +26,7 @@ from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.workers.group import DistContext
-from alignctl.workers.low_precision import low_precision_copy, refresh_copy
+from alignctl.workers.low_precision import low_precision_copy
 from alignctl.workers.offload import ParkedModule
 from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
 from alignctl.workers.train_engine import TrainEngine
@@ -66,12 +66,6 @@ class Policy:
     lora: Any = None  # the peft LoraConfig when training adapters
     ref_parking: ParkedModule | None = None  # an unsharded reference kept in CPU memory between passes
     rollout_model: nn.Module | None = None  # the hf engine's own low-precision copy (rollout.dtype), else None
-
-    def refresh_rollout_model(self) -> None:
-        """Bring the rollout's own copy up to the current training weights (nothing without one)."""
-        if self.rollout_model is not None:
-            with self.engine.gathered() as model:
-                refresh_copy(self.rollout_model, model)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[nn.Module]:
