@@ -37,6 +37,7 @@ def test_killed_worker_fails_the_run_fast_and_names_role_and_step(tmp_path: Path
         assert metrics.exists(), "the run never reached step 2"
         workers = json.loads((run_dir / "workers.json").read_text())
         assert [w["rank"] for w in workers] == [0, 1] and all("actor" in w["roles"] for w in workers)
+        assert all(w["heap_kept"] is True for w in workers)  # CPU workers keep freed heap memory (cpu_heap)
         os.kill(workers[1]["pid"], signal.SIGKILL)
         killed_at = time.time()
         _, stderr = proc.communicate(timeout=90)

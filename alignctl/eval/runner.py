@@ -24,6 +24,7 @@ import numpy as np
 
 from alignctl.config.core import iter_keys, load_config, to_dict
 from alignctl.config.eval import EvalConfig
+from alignctl.cpu_heap import keep_freed_memory
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.eval import reuse, stats
@@ -188,6 +189,8 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     """Everything but writing files."""
     start = time.perf_counter()
     device = resolve_device(cfg.device, key="eval: key 'device'")
+    if device == "cpu":
+        keep_freed_memory()  # generation and scoring reuse their large buffers' pages (alignctl.cpu_heap)
     # Inputs that can be wrong are read before minutes of generation, not after.
     curves = curve_fields(cfg.run) if cfg.run else {}
     pairs = load_preference_pairs(cfg.preference_data, cfg.max_preference_pairs) if cfg.preference_data else None

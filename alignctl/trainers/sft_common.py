@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alignctl.cpu_heap import keep_freed_memory
 from alignctl.device import cuda_available
 from alignctl.errors import UserError
 from alignctl.models.compat import training_checkpointing_key
@@ -142,7 +143,10 @@ def training_kwargs(cfg: Any, scratch: Path, *, has_eval: bool, max_length: int 
 def make_trainer(build: Callable[[], Any], what: str) -> Any:
     """Construct a TRL trainer (it loads the model); the ValueErrors TRL raises for bad input (pad
     token missing from the vocabulary, wrong num_labels, ...) and OSErrors of unreadable weights
-    become one-line UserErrors naming the stage."""
+    become one-line UserErrors naming the stage. On a CPU-only machine the process keeps freed heap
+    memory first (:mod:`alignctl.cpu_heap`: the training steps stop paging their buffers in again)."""
+    if not cuda_available():
+        keep_freed_memory()
     try:
         return build()
     except (ValueError, OSError) as exc:

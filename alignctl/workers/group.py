@@ -32,6 +32,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from alignctl import cpu_heap
 from alignctl.batch import Batch
 
 
@@ -92,6 +93,7 @@ class _Worker:
         self.roles: dict[str, Any] = {}
         self._spans: list[tuple[str, str, float, float]] = []  # (role, method, start, end): see spans()
         self._store_socket: socket.socket | None = None  # rank 0's rendezvous listener, see address()
+        self.heap_kept = False  # set by init_distributed
         _quiet_libraries()
 
     def address(self) -> tuple[str, int]:
@@ -106,13 +108,15 @@ class _Worker:
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "pool": self.pool,
-                "device": self.device, "roles": sorted(self.roles)}
+                "device": self.device, "heap_kept": self.heap_kept, "roles": sorted(self.roles)}
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(self.threads)
+        # On a CPU the steps' large buffers reuse the same pages (alignctl.cpu_heap).
+        self.heap_kept = self.device == "cpu" and cpu_heap.keep_freed_memory()
         backend = "nccl" if self.device == "cuda" else "gloo"
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this bundle's GPU
@@ -221,6 +225,8 @@ class WorkerGroup:
         found plugin modules; a worker starts with its working folder and site-packages only)."""
         self.pool = pool
         env = dict(WORKER_ENV)
+        if cpu_heap.ENV_VAR in os.environ:  # the user's choice reaches workers on other nodes too
+            env[cpu_heap.ENV_VAR] = os.environ[cpu_heap.ENV_VAR]
         if import_paths:
             env["PYTHONPATH"] = os.pathsep.join([*import_paths, *filter(None, [os.environ.get("PYTHONPATH")])])
         self._pg: PlacementGroup = placement_group(pool.bundles(), strategy=pool.strategy, name=pool.name)
