@@ -82,7 +82,8 @@ BF16 = ["actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.ref.dtype
 def _actor(assets, tmp_path, *overrides: str):
     from alignctl.workers.actor import ActorRolloutRefWorker
 
-    cfg = rl_config(assets, tmp_path / "run", "actor_rollout_ref.actor.recompute_old_log_prob=false", *overrides)
+    cfg = rl_config(assets, tmp_path / "run", "actor_rollout_ref.actor.recompute_old_log_prob=false",
+                    "actor_rollout_ref.actor.use_kl_loss=true", *overrides)  # a KL term: the reference is built
     return ActorRolloutRefWorker(DistContext(0, 1, "cpu", "gloo"), to_dict(cfg), total_steps=2)
 
 

@@ -235,7 +235,7 @@ def _zero3_reference_check(rank: int, assets: dict[str, Path], run_dir: str) -> 
     for offload in ("false", "true"):
         cfg = rl_config(assets, Path(run_dir) / offload, "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=deepspeed",
                         "actor_rollout_ref.actor.deepspeed.zero_stage=3", "actor_rollout_ref.actor.deepspeed.param_persistence_threshold=0",
-                        f"actor_rollout_ref.ref.fsdp_config.param_offload={offload}")
+                        f"actor_rollout_ref.ref.fsdp_config.param_offload={offload}", "actor_rollout_ref.actor.use_kl_loss=true")
         worker = ActorRolloutRefWorker(DistContext(rank, 2, "cpu", "gloo"), to_dict(cfg), total_steps=1)
         offloaded = worker.policy.ref_engine.ds.zero_offload_param()  # DeepSpeed's own reading of its config
         batch = worker.generate_sequences(prompt_batch(assets, 2, first=2 * rank))

@@ -121,7 +121,9 @@ def _cfg(tiny: dict[str, Path], *overrides: str):  # noqa: ANN202 - an RLConfig
     base = [f"actor_rollout_ref.model.path={tiny['model']}", f"data.train_files=[{tiny['data'] / 'train.parquet'}]",
             "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
             "data.max_prompt_length=100", "data.max_response_length=20", "trainer.device=cpu"]
-    return load_config(RLConfig, None, [*base, *overrides], base={"algorithm": {"adv_estimator": "gae"}})
+    # The KL penalty in the reward: a reference copy is held (without a KL term there is none).
+    return load_config(RLConfig, None, [*base, *overrides],
+                       base={"algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True}})
 
 
 def test_model_shape_counts_parameters_exactly(tiny: dict[str, Path]) -> None:
@@ -159,6 +161,8 @@ def test_plan_of_a_config_follows_its_keys(tiny: dict[str, Path]) -> None:
                              "algorithm.adv_estimator=grpo"), 2**30)
     assert lora.roles[0].resident == {"weights": 4 * params, "gradients": 0, "optimizer": 0}
     assert [r.name for r in lora.roles] == ["actor"]
+    no_kl, _ = make_plan(_cfg(tiny, "algorithm.use_kl_in_reward=false"), 2**30)
+    assert "reference weights" not in no_kl.roles[0].resident and "ref log-probs" not in no_kl.roles[0].phases
     ckpt, _ = make_plan(_cfg(tiny, "actor_rollout_ref.model.enable_gradient_checkpointing=true"), 2**30)
     assert ckpt.roles[0].phases["update"]["activations"] < actor.phases["update"]["activations"]
 

@@ -190,9 +190,21 @@ def test_lora_reference_is_the_same_module_without_a_weight_copy(assets, tmp_pat
     # Every parameter reachable from the worker: the base weights once plus the adapters.
     expected = (_numel(base) + _numel(worker.policy.model, lora=True)) * 4  # float32
     assert _reachable_parameter_bytes(worker) == expected
-    # Control: the same count sees the frozen reference copy of a full fine-tuning worker.
-    full = _local_actor(assets, tmp_path)
+    # Control: the same count sees the frozen reference copy of a full fine-tuning worker with a KL term.
+    full = _local_actor(assets, tmp_path, "actor_rollout_ref.actor.use_kl_loss=true")
     assert _reachable_parameter_bytes(full) == 2 * _numel(base) * 4
+
+
+def test_no_reference_copy_without_a_kl_term(assets, tmp_path):
+    """Neither use_kl_loss nor use_kl_in_reward (verl's defaults): no loss reads the reference, so the
+    worker holds the policy's weights once and a reference pass is a clear error, not a silent one."""
+    from transformers import AutoModelForCausalLM
+
+    worker = _local_actor(assets, tmp_path)
+    assert worker.policy.ref_engine is None
+    assert _reachable_parameter_bytes(worker) == _numel(AutoModelForCausalLM.from_pretrained(assets["model"])) * 4
+    with pytest.raises(RuntimeError, match="no reference policy"):
+        worker.compute_ref_log_prob(worker.generate_sequences(prompt_batch(assets)))
 
 
 def test_lora_trains_only_adapters(lora_run):

@@ -147,7 +147,8 @@ class ActorConfig:
                                                     "step; with hf in float32 they equal the recomputed ones to ~1e-6, "
                                                     "with vllm the ratio also absorbs the engine mismatch). The "
                                                     "mismatch is logged as rollout/log_prob_diff_* when recomputing.")
-    use_kl_loss: bool = field(False, help="Add a KL(actor || ref) loss term (GRPO style).")
+    use_kl_loss: bool = field(False, help="Add a KL(actor || ref) loss term (GRPO style). With neither this nor "
+                                           "algorithm.use_kl_in_reward, no reference copy is built.")
     kl_loss_coef: float = field(0.001, ge=0, help="Coefficient of the KL loss.")
     kl_loss_type: str = field("low_var_kl", help="KL estimator of the KL loss (k1, abs, k2/mse, k3/low_var_kl, k1+, k3+).")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, help="Policy loss selection.")
@@ -314,7 +315,8 @@ class AlgorithmConfig:
     gamma: float = field(1.0, ge=0, le=1, help="Discount.")
     lam: float = field(1.0, ge=0, le=1, help="GAE lambda.")
     norm_adv_by_std_in_grpo: bool = field(True, help="false gives Dr.GRPO.")
-    use_kl_in_reward: bool = field(False, help="Subtract beta * KL(actor || ref) from token rewards.")
+    use_kl_in_reward: bool = field(False, help="Subtract beta * KL(actor || ref) from token rewards. With neither "
+                                                "this nor actor.use_kl_loss, no reference copy is built.")
     kl_penalty: str = field("kl", help="KL estimator in the reward (kl/k1, abs, mse/k2, low_var_kl/k3).")
     kl_ctrl: KLControl = section(KLControl, help="KL-in-reward coefficient controller.")
     filter_groups: FilterGroups = section(FilterGroups, help="DAPO dynamic sampling.")
@@ -441,6 +443,12 @@ class RLConfig:
     @property
     def use_critic(self) -> bool:
         return self.algorithm.adv_estimator in CRITIC_ESTIMATORS
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a loss term reads the reference policy (the KL loss or the KL penalty in the reward):
+        without one, no reference copy is built and no reference pass runs."""
+        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
 
     @property
     def roles(self) -> tuple[str, ...]:

@@ -172,7 +172,7 @@ def _actor(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> 
     role.resident = {"weights": mem.weights_bytes(shape.params, p, s),
                      "gradients": mem.gradient_bytes(trained, p, s),
                      "optimizer": mem.optimizer_bytes(trained, p, s)}
-    if not lora:
+    if not lora and cfg.needs_reference:  # no KL term, no reference copy (model_setup.build_policy)
         role.resident["reference weights"] = mem.weights_bytes(shape.params, p, reference_sharding(cfg, world, on_gpu))
     role.phases["rollout"] = {
         "kv cache": mem.kv_cache_bytes(shape, rows, length, c),
@@ -185,7 +185,7 @@ def _actor(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) -> 
         "autocast weight copies": mem.autocast_copy_bytes(shape.params, p, c)}
     role.phases["log-probs"] = _log_prob_phase(cfg, shape, arr.rollout.log_prob_micro_batch_size_per_gpu or rows,
                                                mem.gathered_bytes(shape, p, s, whole=True), c)
-    if not lora:  # under LoRA the reference pass is the log-probs pass with the adapters off
+    if not lora and cfg.needs_reference:  # under LoRA the reference pass is the log-probs pass, adapters off
         ref_rows = arr.ref.log_prob_micro_batch_size_per_gpu or rows
         ref_weights = mem.gathered_bytes(shape, p, reference_sharding(cfg, world, on_gpu), whole=True)
         role.phases["ref log-probs"] = _log_prob_phase(cfg, shape, ref_rows, ref_weights, c)

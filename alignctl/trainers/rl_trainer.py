@@ -65,7 +65,7 @@ class RLTrainer:
         self.last_batch: Batch | None = None
         self.saving = False  # a checkpoint is being written (named in failure messages)
         self.monitor = make_monitor(cfg.monitor) if cfg.monitor.enable else None
-        self.need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.need_ref = cfg.needs_reference
         self.on_policy = is_on_policy(cfg)
 
     # ------------------------------------------------------------------ the step

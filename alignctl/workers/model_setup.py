@@ -59,7 +59,9 @@ def attach_optimizer(engine: TrainEngine, model: nn.Module, optim: OptimConfig, 
 class Policy:
     model: nn.Module  # the plain HF module (a peft model under LoRA; sharded in place under fsdp2 / ZeRO-3)
     engine: TrainEngine
-    ref_engine: TrainEngine | None  # frozen copy wrapped like the actor; None under LoRA (adapters off instead)
+    # The frozen copy wrapped like the actor; None under LoRA (adapters off instead) and when no loss term
+    # reads the reference (RLConfig.needs_reference).
+    ref_engine: TrainEngine | None
     tokenizer: Any
     pad_id: int
     eos_ids: list[int]
@@ -71,6 +73,8 @@ class Policy:
     def reference(self) -> Iterator[nn.Module]:
         """The reference policy with full parameters, for no-grad forwards."""
         if self.ref_engine is None:
+            if self.lora is None:
+                raise RuntimeError("no reference policy was built: neither use_kl_loss nor use_kl_in_reward is on")
             with self.engine.gathered() as model, model.disable_adapter():
                 yield model
             return
@@ -195,8 +199,9 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
         enable_activation_checkpointing(model)
         model.config.use_cache = False
     lora = lora_config(arr.model) if arr.model.lora_rank > 0 else None
-    # Copied while still in CPU memory: an offloaded reference never occupies the device whole.
-    ref = None if lora is not None else _reference_copy(model, arr.ref.dtype)
+    # Copied while still in CPU memory: an offloaded reference never occupies the device whole. None
+    # without a KL term (no pass reads it: a whole model's memory saved).
+    ref = None if lora is not None or not cfg.needs_reference else _reference_copy(model, arr.ref.dtype)
     rollout_model = None if arr.rollout.dtype == "auto" else low_precision_copy(model, arr.rollout.dtype, ctx.device)
     offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy
     # After the reference copy (which must not inherit it), before the engine: DDP and the optimizer
