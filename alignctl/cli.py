@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from alignctl import __version__
+from alignctl import __version__, cpu_heap
 from alignctl.errors import RunFailed, UserError, find_os_failure
 
 app = typer.Typer(
@@ -418,6 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in args or bool(os.environ.get(_DEBUG_ENV))
     try:
+        cpu_heap.setting()  # a mistyped ALIGNCTL_CPU_HEAP fails here, before any stage starts
         code = app(args=args, standalone_mode=False, prog_name="alignctl")
     except _UsageError as exc:
         if exc.ctx is not None and type(exc).__name__ == "NoArgsIsHelpError":
