@@ -17,6 +17,7 @@ API (kept stable; other benchmark scripts import it):
     time_interleaved({name: fn}, warmup=1, repeats=3) -> {name: {"wall": [...], "cpu": [...]}}
     summarize(times) -> dict(median, mean, min, max, n)
     report(name, ours, baseline, unit, setup, higher_is_better=True, json_path=None) -> dict
+    smollm2_config(layers) -> transformers.LlamaConfig   # SmolLM2-135M's shape with `layers` blocks
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def smollm2_config(layers: int) -> Any:
+    """SmolLM2-135M-Instruct's shape (hidden 576, 9 query / 3 kv heads, vocab 49152, tied embeddings) with
+    ``layers`` blocks (30 in the real model); ``num_labels=1`` for the score and value heads. The cost of
+    a pass does not depend on the weights, so the benchmarks build it with random ones."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                       tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, num_labels=1)
 
 
 def parse_bench_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:

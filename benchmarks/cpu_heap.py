@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report, summarize  # noqa: E402
+from _common import parse_bench_args, report, smollm2_config, summarize  # noqa: E402
 
 PROMPTS, N, PROMPT_LEN, RESPONSE_LEN, MICRO_BATCHES = 4, 4, 60, 40, 2
 CHILD_FLAG = "--child"
@@ -37,18 +37,15 @@ CHILD_FLAG = "--child"
 def child(layers: int, steps: int, threads: int) -> dict[str, Any]:
     """One side: the timed steps of this process (its heap setting comes from the environment)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from alignctl.cpu_heap import keep_freed_memory
     from alignctl.models.forward import compute_log_probs
 
-    kept = os.environ.get("ALIGNCTL_CPU_HEAP") != "system" and keep_freed_memory()
+    kept = keep_freed_memory()  # False on the system side: ALIGNCTL_CPU_HEAP=system
     torch.set_num_threads(threads)
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).train()
+    model = LlamaForCausalLM(smollm2_config(layers)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     gen = torch.Generator().manual_seed(1)
     batches = []

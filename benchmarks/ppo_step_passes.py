@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report, set_threads, summarize, time_interleaved  # noqa: E402
+from _common import parse_bench_args, report, set_threads, smollm2_config, summarize, time_interleaved  # noqa: E402
 
 from alignctl.models import attention  # noqa: E402
 from alignctl.models.blocks import freeze_bottom_layers  # noqa: E402
@@ -37,14 +37,6 @@ from alignctl.models.forward import compute_log_probs, compute_values  # noqa: E
 from alignctl.models.loading import position_ids_from_mask  # noqa: E402
 
 PROMPTS, N, PROMPT_LEN, RESPONSE_LEN, MINI = 8, 4, 60, 26, 16
-
-
-def smollm2_config(layers: int) -> Any:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                       tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, num_labels=1)
 
 
 def models(layers: int, frozen: int) -> dict[str, Any]:

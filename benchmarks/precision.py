@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report, set_threads, summarize, time_interleaved  # noqa: E402
+from _common import parse_bench_args, report, set_threads, smollm2_config, summarize, time_interleaved  # noqa: E402
 
 from alignctl.models.forward import compute_log_probs  # noqa: E402
 from alignctl.rollout import SamplingParams, get_rollout_engine  # noqa: E402
@@ -41,13 +41,10 @@ PROMPTS, N, PROMPT_LEN, RESPONSE_LEN, MICRO = 8, 4, 60, 40, 8
 
 
 def smollm2_shaped(layers: int) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(smollm2_config(layers)).eval()
 
 
 def passes(model: torch.nn.Module, precision: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, set_threads, summarize, time_interleaved  # noqa: E402
+from _common import report, set_threads, smollm2_config, summarize, time_interleaved  # noqa: E402
 
 from alignctl.eval.scoring import RewardScorer, response_conversations  # noqa: E402
 
@@ -56,13 +56,10 @@ def random_reward_model(folder: Path, layers: int) -> str:
     """A SmolLM2-135M-shaped LlamaForSequenceClassification with a tiny word-level tokenizer."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, num_labels=1)
     torch.manual_seed(0)
-    LlamaForSequenceClassification(config).save_pretrained(folder)
+    LlamaForSequenceClassification(smollm2_config(layers)).save_pretrained(folder)
     vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{str(i): 3 + i for i in range(1000)}, "+": 1003, "=": 1004}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()

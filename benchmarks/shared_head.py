@@ -28,8 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report, set_threads, summarize, time_interleaved  # noqa: E402
-from ppo_step_passes import smollm2_config  # noqa: E402
+from _common import parse_bench_args, report, set_threads, smollm2_config, summarize, time_interleaved  # noqa: E402
 
 from alignctl.models import attention, forward  # noqa: E402
 from alignctl.models.blocks import freeze_bottom_layers  # noqa: E402
