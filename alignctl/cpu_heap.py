@@ -29,7 +29,7 @@ import sys
 
 from alignctl.errors import UserError
 
-__all__ = ["ENV_VAR", "keep_freed_memory", "setting"]
+__all__ = ["ENV_VAR", "keep_freed_memory", "kept", "setting"]
 
 ENV_VAR = "ALIGNCTL_CPU_HEAP"
 
@@ -60,6 +60,11 @@ def setting() -> str:
     if value not in ("keep", "system"):
         raise UserError(f"environment variable {ENV_VAR}={value!r}: expected 'keep' (the default) or 'system'")
     return value
+
+
+def kept() -> bool:
+    """Whether :func:`keep_freed_memory` took effect in this process."""
+    return _applied
 
 
 def keep_freed_memory() -> bool:

@@ -84,7 +84,7 @@ def test_sft_and_rm_trainers_keep_the_heap_on_a_cpu_only_machine():
     """``make_trainer`` (SFT and train-rm build their TRL trainer through it) applies the setting
     before the trainer loads the model when no CUDA device is visible."""
     setup = ("from alignctl.trainers.sft_common import make_trainer\nmake_trainer(lambda: None, 'sft')\n"
-             "from alignctl import cpu_heap\napplied = cpu_heap._applied")
+             "from alignctl import cpu_heap\napplied = cpu_heap.kept()")
     result = step_faults(setup)
     assert result["applied"] is True
     assert reuses_pages_once_warm(result["faults"]), result

@@ -93,7 +93,6 @@ class _Worker:
         self.roles: dict[str, Any] = {}
         self._spans: list[tuple[str, str, float, float]] = []  # (role, method, start, end): see spans()
         self._store_socket: socket.socket | None = None  # rank 0's rendezvous listener, see address()
-        self.heap_kept = False  # set by init_distributed
         _quiet_libraries()
 
     def address(self) -> tuple[str, int]:
@@ -108,7 +107,7 @@ class _Worker:
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(), "pool": self.pool,
-                "device": self.device, "heap_kept": self.heap_kept, "roles": sorted(self.roles)}
+                "device": self.device, "heap_kept": cpu_heap.kept(), "roles": sorted(self.roles)}
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         import torch
@@ -116,7 +115,8 @@ class _Worker:
 
         torch.set_num_threads(self.threads)
         # On a CPU the steps' large buffers reuse the same pages (alignctl.cpu_heap).
-        self.heap_kept = self.device == "cpu" and cpu_heap.keep_freed_memory()
+        if self.device == "cpu":
+            cpu_heap.keep_freed_memory()
         backend = "nccl" if self.device == "cuda" else "gloo"
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this bundle's GPU
