@@ -204,6 +204,9 @@ def test_hh_smollm2_judge_never_saw_what_the_policy_optimized(tmp_path: Path, mo
     assert stages["ppo"].config["reward_model"]["model"]["path"] == "${reward_model}"
     assert stages["eval"].config["prompts"] == "${data}/rl_test.parquet"
     assert stages["eval"].config["judge_model"] == "${judge}"
+    # the reward model's held-out accuracy is read on all of half B, not a leading slice of it
+    assert stages["eval"].config["preference_data"] == "${data}/test.parquet"
+    assert stages["eval"].config.get("max_preference_pairs") is None
     (outcome,) = run_pipeline(spec, until="data")  # data comes first in the file: no model import here
     halves = [pd.read_parquet(outcome.path / f"{split}.parquet") for split in ("train", "test")]
     prompts = [{str(list(p)) for p in half["prompt"]} for half in halves]
