@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alignctl.trainers.dapo import DAPOTrainer, informative_groups
+from alignctl.trainers.dapo import DAPOTrainer, informative_groups, pool_round_metrics
 from alignctl.trainers.rl_factory import create_trainer
 from alignctl.workers.group import init_ray
 from rl_helpers import all_finite, make_assets, read_metrics, rl_config
@@ -23,6 +23,14 @@ def test_informative_groups_keeps_groups_with_different_scores():
     # 7: equal -> drop; 3: differ -> keep; 5: equal -> drop; 9: singleton (all equal) -> drop
     assert informative_groups(group, scores) == [3]
     assert informative_groups(torch.tensor([1, 2, 1, 2]), torch.tensor([0.0, 1.0, 1.0, 1.0])) == [1]
+
+
+def test_round_metrics_pool_means_by_responses_and_add_counts():
+    # by hand: 8 responses at 0.25 right and 24 at 0.75 -> (2 + 18) / 32 = 0.625; timeouts 1 + 2 = 3
+    rounds = [(8, {"reward/rule_score/mean": 0.25, "reward/num_timeouts": 1.0}),
+              (24, {"reward/rule_score/mean": 0.75, "reward/num_timeouts": 2.0})]
+    assert pool_round_metrics(rounds) == {"reward/rule_score/mean": 0.625, "reward/num_timeouts": 3.0}
+    assert pool_round_metrics([(4, {"reward/answer_format/mean": 0.5})]) == {"reward/answer_format/mean": 0.5}
 
 
 @pytest.mark.slow
@@ -48,3 +56,6 @@ def test_dapo_trains_only_on_informative_groups(tmp_path):
     rows = read_metrics(tmp_path / "run")
     assert all(all_finite(r) for r in rows)
     assert all(r["dapo/num_gen_batches"] >= 1 for r in rows)
+    # each round draws train_batch_size prompts and the kept ones fill one round's worth, so the
+    # informative share over every round's groups is at least 1 / rounds
+    assert all(1 / r["dapo/num_gen_batches"] <= r["dapo/informative_share"] <= 1 for r in rows)

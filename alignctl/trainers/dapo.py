@@ -4,7 +4,9 @@ A group whose responses all got the same score has zero advantage for every esti
 compares within the group, so it only dilutes the batch. ``DAPOTrainer`` overrides the single
 ``collect_batch`` hook: it scores each generation round right away, keeps the groups whose scores
 differ, and draws more prompts until ``data.train_batch_size`` groups are kept. Everything else
-(log-probs, advantages, updates) is the parent loop unchanged. Clip-higher
+(log-probs, advantages, updates) is the parent loop unchanged. The step's ``reward/*`` metrics pool
+every round (what the policy samples, not the filtered batch) and ``dapo/informative_share`` says
+which share of the drawn groups carried a learning signal. Clip-higher
 (``clip_ratio_high``) and the overlong penalty (``reward_model.reward_manager=dapo``) are plain
 config; see pipelines/arith_dapo.yaml.
 """
@@ -20,6 +22,9 @@ from alignctl.errors import UserError
 from alignctl.trainers.metrics import Timer
 from alignctl.trainers.rl_trainer import RLTrainer
 
+# Reward metrics that are counts add up over rounds; every other one is a mean over the round's responses.
+_COUNT_METRICS = ("reward/num_timeouts", "reward/num_crashes")
+
 
 def informative_groups(group_index: torch.Tensor, scores: torch.Tensor) -> list[int]:
     """Group ids (in first-seen order) whose scores are not all equal."""
@@ -34,6 +39,19 @@ def informative_groups(group_index: torch.Tensor, scores: torch.Tensor) -> list[
     return kept
 
 
+def pool_round_metrics(rounds: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """One step's reward metrics from every generation round, ``(responses, metrics)`` each: means
+    weighted by the round's responses, counts summed. The kept batch is biased towards groups that
+    are half right, so only the pooled rounds show what the policy samples (the accuracy curve)."""
+    total = sum(size for size, _ in rounds)
+    pooled: dict[str, float] = {}
+    for size, metrics in rounds:
+        for key, value in metrics.items():
+            share = 1.0 if key in _COUNT_METRICS else size / total
+            pooled[key] = pooled.get(key, 0.0) + share * float(value)
+    return pooled
+
+
 class DAPOTrainer(RLTrainer):
     def collect_batch(self, prompts: Batch, timer: Timer) -> tuple[Batch, Future[Batch]]:
         want = self.cfg.data.train_batch_size
@@ -41,6 +59,8 @@ class DAPOTrainer(RLTrainer):
         parts: list[Batch] = []
         kept = 0
         rounds = 0
+        round_metrics: list[tuple[int, dict[str, float]]] = []
+        informative = generated = 0
         while kept < want:
             if rounds:
                 prompts = self.parts.loader.next_batch()  # top up with fresh prompts
@@ -52,13 +72,17 @@ class DAPOTrainer(RLTrainer):
             batch = self.generate(prompts, n=rollout.n, do_sample=rollout.do_sample, temperature=rollout.temperature,
                                   top_p=rollout.top_p, top_k=rollout.top_k, prompt_width=self.cfg.data.max_prompt_length)
             batch = batch.union(self.parts.reward.score(batch))
-            groups = informative_groups(batch["group_index"], batch["token_level_scores"].sum(-1))[: want - kept]
+            round_metrics.append((len(batch), batch.meta.get("reward_metrics", {})))
+            groups = informative_groups(batch["group_index"], batch["token_level_scores"].sum(-1))
+            informative, generated = informative + len(groups), generated + len(set(batch["group_index"].tolist()))
+            groups = groups[: want - kept]
             rows = [i for i, gid in enumerate(batch["group_index"].tolist()) if gid in set(groups)]
             parts.append(batch.index(rows))
             kept += len(groups)
             rounds += 1
         full = Batch.concat(parts)
-        full.meta["reward_metrics"] = {**full.meta.get("reward_metrics", {}), "dapo/num_gen_batches": float(rounds)}
+        full.meta["reward_metrics"] = {**pool_round_metrics(round_metrics), "dapo/num_gen_batches": float(rounds),
+                                       "dapo/informative_share": informative / generated}
         scores = Batch({"token_level_scores": full.tensors.pop("token_level_scores")}, meta=dict(full.meta))
         done: Future[Batch] = Future()
         done.set_result(scores)
