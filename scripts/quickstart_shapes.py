@@ -11,8 +11,9 @@ random weights and that tokenizer into ``WORKDIR/random_model`` (once; reused by
 starting from the random model, the workdir moved under WORKDIR, and runs ``alignctl run`` on it with
 the overrides given (e.g. fewer steps). A forward pass costs the same whatever the weights are, but a
 random model earns no reward (GRPO and PPO would stop at their flat-reward check, so it is switched
-off) and its answers run to the token limit: the costs are an upper bound per step, and no learning
-number comes from such a run.
+off, and so is GRPO's dynamic sampling: a real run's GRPO step generates 2.5-2.9 rounds, this one a
+single round) and its answers run to the token limit: the costs are an upper bound per round, and no
+learning number comes from such a run.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from alignctl.pipeline.ownership import is_owned, mark_owned  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
-# A random model's answers are never right: without these GRPO and PPO refuse their first batch.
-FLAT_REWARD_OK = ["grpo.trainer.stop_on_flat_reward=false", "ppo.trainer.stop_on_flat_reward=false"]
+# A random model's answers are never right: without these GRPO and PPO refuse their first batch, and
+# GRPO's dynamic sampling, which keeps only groups whose answers differ in score, would find none.
+FLAT_REWARD_OK = ["grpo.trainer.stop_on_flat_reward=false", "ppo.trainer.stop_on_flat_reward=false",
+                  "grpo.algorithm.filter_groups.enable=false"]
 
 
 def random_model(shapes_from: Path, out: Path, seed: int = 0) -> Path:
