@@ -73,12 +73,12 @@ class DAPOTrainer(RLTrainer):
                                   top_p=rollout.top_p, top_k=rollout.top_k, prompt_width=self.cfg.data.max_prompt_length)
             batch = batch.union(self.parts.reward.score(batch))
             round_metrics.append((len(batch), batch.meta.get("reward_metrics", {})))
+            ids = batch["group_index"].tolist()
             groups = informative_groups(batch["group_index"], batch["token_level_scores"].sum(-1))
-            informative, generated = informative + len(groups), generated + len(set(batch["group_index"].tolist()))
-            groups = groups[: want - kept]
-            rows = [i for i, gid in enumerate(batch["group_index"].tolist()) if gid in set(groups)]
-            parts.append(batch.index(rows))
-            kept += len(groups)
+            informative, generated = informative + len(groups), generated + len(set(ids))
+            keep = set(groups[: want - kept])
+            parts.append(batch.index([i for i, gid in enumerate(ids) if gid in keep]))
+            kept += len(keep)
             rounds += 1
         full = Batch.concat(parts)
         full.meta["reward_metrics"] = {**pool_round_metrics(round_metrics), "dapo/num_gen_batches": float(rounds),
