@@ -61,6 +61,9 @@ PIPELINES = {
         ("ppo_judge_win", "eval_ppo", "judge_win_rate"),
         ("ppo_judge_win_ci_low", "eval_ppo", "judge_win_rate_ci_low"),
         ("ppo_own_rm_win", "eval_ppo", "win_rate"),
+        ("grpo_judge_rule_agreement", "eval_grpo", "judge_rule_agreement"),
+        ("ppo_judge_rule_agreement", "eval_ppo", "judge_rule_agreement"),
+        ("ppo_rm_rule_agreement", "eval_ppo", "rm_rule_agreement"),
     ], _quickstart_overrides),
     "hh_smollm2": Pipeline([
         ("rm_accuracy_half_b", "eval", "preference_accuracy"),

@@ -214,6 +214,57 @@ def test_rule_win_rate_matches_the_samples_correctness(digits_vs_letters: EvalRe
     assert digits_vs_letters.headline()["rule_win_rate"] == digits_vs_letters.rule_win_rate
 
 
+def _recount_rule_agreement(samples: list[dict], role_scores: str = "reward") -> tuple[float | None, int]:
+    """Independent recount from the per-sample records: every (policy, reference) sample pair of a
+    prompt where exactly one is right, scored 1 / 0.5 / 0 for the right one by its reward."""
+    outcomes = []
+    for sample in samples:
+        for p in sample["policy"]:
+            for r in sample["reference"]:
+                if p["correct"] is None or r["correct"] is None or p["correct"] == r["correct"]:
+                    continue
+                right, wrong = (p, r) if p["correct"] else (r, p)
+                outcomes.append(1.0 if right[role_scores] > wrong[role_scores] else
+                                0.5 if right[role_scores] == wrong[role_scores] else 0.0)
+    return (sum(outcomes) / len(outcomes) if outcomes else None), len(outcomes)
+
+
+def test_rule_agreement_recounted_from_the_samples(digits_vs_letters: EvalResults) -> None:
+    res = digits_vs_letters
+    agreement, pairs = _recount_rule_agreement(res.samples)
+    assert (res.rm_rule_agreement, res.decisive_pairs) == (agreement, pairs)
+    assert res.headline().get("rm_rule_agreement") == agreement
+
+
+def test_rule_agreement_of_a_reward_model_and_of_its_negation(assets: dict[str, Path], tmp_path: Path) -> None:
+    """The digit model's stored answers to 4 of 10 prompts are rewritten to the right ``#### N`` (taken
+    back through reuse_generations); the letter model is never right. That gives 4 decisive pairs, all
+    won by the right answer under the digit reward model (agreement 1: "#### N" holds digits, letters
+    none) and all lost under its negation as the judge (agreement 0)."""
+    common = dict(prompts=assets["data"] / "test.parquet", reward_model=assets["rm"], reference=assets["letters"],
+                  max_new_tokens=8, num_bootstrap=100)
+    first = evaluate(model=assets["digits"], out=tmp_path / "first", **common)
+    assert first.decisive_pairs == 0 and first.rm_rule_agreement is None  # 8 repeated digits are never "#### N"
+    stored = json.loads((tmp_path / "first" / "generations.json").read_text())
+    for i in range(4):
+        stored["policy"]["texts"][i] = [f"#### {first.samples[i]['ground_truth']}"]
+    (tmp_path / "first" / "generations.json").write_text(json.dumps(stored))
+    judge = _negated_reward_model(assets["rm"], tmp_path / "negated")
+    res = evaluate(model=assets["digits"], judge_model=judge, reuse_generations=[str(tmp_path / "first")], **common)
+    assert set(res.reused_generations) == {"policy", "reference"}
+    assert res.accuracy["arith"]["pass@1"] == 0.4 and res.reference_accuracy["arith"]["pass@1"] == 0.0
+    assert _recount_rule_agreement(res.samples) == (1.0, 4)
+    assert (res.decisive_pairs, res.rm_rule_agreement, res.judge_rule_agreement) == (4, 1.0, 0.0)
+    assert res.headline()["decisive_pairs"] == 4.0
+    assert not any("blind to correctness" in n for n in res.notes)  # 4 pairs are too few to say
+    from alignctl.eval.runner import write_outputs
+
+    write_outputs(res, tmp_path / "report")
+    assert "of 4 pairs where exactly one is right (50% = blind) | reward model 100.0%; judge 0.0% |" in \
+        (tmp_path / "report" / "report.md").read_text()
+    assert "of 4 pairs where exactly one answer is right" in (tmp_path / "report" / "report.html").read_text()
+
+
 def test_reward_model_built_to_prefer_digits(assets: dict[str, Path], digits_vs_letters: EvalResults) -> None:
     from transformers import AutoTokenizer
 
@@ -437,28 +488,33 @@ def test_report_renders_in_headless_chromium(report: Report, tmp_path: Path) -> 
     assert np.any(np.all(image == (0x25, 0x63, 0xEB), axis=-1))
 
 
+def _negated_reward_model(source: Path, out: Path) -> Path:
+    """``source`` with its score head negated: it prefers whatever ``source`` ranks last."""
+    from transformers import AutoModelForSequenceClassification
+
+    rm = AutoModelForSequenceClassification.from_pretrained(source)
+    with torch.no_grad():
+        rm.score.weight.neg_()
+    rm.save_pretrained(out)
+    shutil.copy(source / "tokenizer.json", out)
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (source / name).exists():
+            shutil.copy(source / name, out)
+    return out
+
+
 def test_a_judge_that_disagrees_with_the_training_reward_is_warned_about(assets: dict[str, Path],
                                                                       tmp_path: Path) -> None:
     """The digit policy's manifest says it was trained against the digit reward model; a judge with
     the score head negated prefers letters, so it reverses the verdict: win rate 1.0 by the reward
     model, 0.0 by the judge, and the eval says so."""
-    from transformers import AutoModelForSequenceClassification
-
     from alignctl.pipeline.manifest import write_manifest
 
     policy = tmp_path / "digits_policy"
     shutil.copytree(assets["digits"], policy)
     write_manifest(policy, stage="rl-policy", config={}, extra={"base_model": str(assets["letters"]),
                                                                 "reward_model": str(assets["rm"])})
-    judge = tmp_path / "letter_judge"
-    rm = AutoModelForSequenceClassification.from_pretrained(assets["rm"])
-    with torch.no_grad():
-        rm.score.weight.neg_()
-    rm.save_pretrained(judge)
-    shutil.copy(assets["rm"] / "tokenizer.json", judge)
-    for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        if (assets["rm"] / name).exists():
-            shutil.copy(assets["rm"] / name, judge)
+    judge = _negated_reward_model(assets["rm"], tmp_path / "letter_judge")
     common = dict(prompts=assets["data"] / "test.parquet", reward_model=assets["rm"], max_new_tokens=8,
                   num_bootstrap=200, max_prompts=6)
     res = evaluate(model=policy, judge_model=judge, **common)  # the reference comes from the manifest

@@ -225,3 +225,27 @@ def test_math_votes_read_fbox_and_escaped_braces() -> None:
 def test_quantiles_linear_interpolation() -> None:
     # numpy linear interpolation on [1..5]: p10 sits at index 0.4 -> 1.4, p90 at 3.6 -> 4.6
     assert stats.quantiles([5, 1, 3, 2, 4]) == pytest.approx({"p10": 1.4, "p25": 2.0, "p50": 3.0, "p75": 4.0, "p90": 4.6})
+
+
+def test_rule_agreement_hand_computed() -> None:
+    """Only pairs where exactly one answer is right count; the right one's outcome by the scores."""
+    # prompt 0 (n = 2, m = 2): policy [right 0.9, wrong 0.1], reference [wrong 0.5, right 0.5].
+    #   (p0 right, r0 wrong): 0.9 > 0.5 -> 1;   (p0 right, r1 right): not decisive
+    #   (p1 wrong, r0 wrong): not decisive;     (p1 wrong, r1 right): reference right, 0.5 > 0.1 -> 1
+    # prompt 1: no ground truth (left out, whatever its scores)
+    # prompt 2: policy [wrong 0.7, wrong 0.3], reference [right 0.3, wrong 0.0]
+    #   (p0, r0): reference right but 0.3 < 0.7 -> 0;  (p1, r0): 0.3 == 0.3 -> 0.5;  r1 wrong: not decisive
+    policy = np.array([[0.9, 0.1], [5.0, 5.0], [0.7, 0.3]])
+    reference = np.array([[0.5, 0.5], [0.0, 0.0], [0.3, 0.0]])
+    agreement, pairs = stats.rule_agreement(policy, reference, [[True, False], None, [False, False]],
+                                            [[False, True], None, [True, False]])
+    assert pairs == 4
+    assert agreement == pytest.approx((1 + 1 + 0 + 0.5) / 4, abs=1e-12)
+    # The same answers marked alike everywhere: no decisive pair.
+    assert stats.rule_agreement(policy, reference, [[True, True]] * 3, [[True, True]] * 3) == (None, 0)
+    # A scorer that is the rule itself agrees fully; its negation never.
+    marks_p, marks_r = [[True, False], [False, True]], [[False, False], [True, True]]
+    rule_p = np.array(marks_p, dtype=float)
+    rule_r = np.array(marks_r, dtype=float)
+    assert stats.rule_agreement(rule_p, rule_r, marks_p, marks_r) == (1.0, 4)
+    assert stats.rule_agreement(-rule_p, -rule_r, marks_p, marks_r) == (0.0, 4)

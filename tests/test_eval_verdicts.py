@@ -40,3 +40,15 @@ def test_the_note_names_a_self_judged_win_rate():
     assert "trained against" in judge_note(rm_trained_policy=True, judge_win_rate=None)
     assert judge_note(rm_trained_policy=True, judge_win_rate=0.6) is None
     assert judge_note(rm_trained_policy=None, judge_win_rate=None) is None
+
+
+def test_a_judge_blind_to_correctness_is_noted():
+    from alignctl.eval.verdicts import blind_judge_note
+
+    note = blind_judge_note(judge_rule_agreement=0.62, decisive_pairs=85)
+    assert note is not None
+    assert "62% of the 85 pairs" in note and "by about 0.12 points" in note
+    # A judge that sees correctness, too few decisive pairs to tell, or no judge: nothing to say.
+    assert blind_judge_note(judge_rule_agreement=0.75, decisive_pairs=85) is None
+    assert blind_judge_note(judge_rule_agreement=0.55, decisive_pairs=19) is None
+    assert blind_judge_note(judge_rule_agreement=None, decisive_pairs=0) is None

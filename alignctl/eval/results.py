@@ -38,6 +38,13 @@ class EvalResults:
     # reward-model win rate can be read against it (None without ground truth).
     rule_win_rate: float | None = None
     rule_win_rate_ci: tuple[float, float] | None = None
+    # On the pairs where the rule marks exactly one answer right (decisive_pairs of them), how often
+    # the reward model (rm_rule_agreement) and the judge (judge_rule_agreement) score the right one
+    # higher: 0.5 is blind to correctness, and such a model's win rate cannot show an accuracy gain
+    # (alignctl.eval.stats, "Rule agreement").
+    rm_rule_agreement: float | None = None
+    judge_rule_agreement: float | None = None
+    decisive_pairs: int = 0
     # Whether reward_model is the one the policy was trained against (from the policy's manifest;
     # None when unknown), and disagreements between the win rate and a gold signal.
     rm_trained_policy: bool | None = None
@@ -83,7 +90,8 @@ class EvalResults:
     def headline(self) -> dict[str, float]:
         """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
         out: dict[str, float] = {"num_prompts": float(self.num_prompts), "n": float(self.n)}
-        for key in ("win_rate", "lc_win_rate", "judge_win_rate", "rule_win_rate", "mean_reward", "reference_mean_reward", "preference_accuracy",
+        for key in ("win_rate", "lc_win_rate", "judge_win_rate", "rule_win_rate", "rm_rule_agreement",
+                    "judge_rule_agreement", "mean_reward", "reference_mean_reward", "preference_accuracy",
                     "mean_length", "reference_mean_length", "repetition_rate", "reference_repetition_rate"):
             value = getattr(self, key)
             if value is not None:
@@ -94,6 +102,8 @@ class EvalResults:
             out["judge_win_rate_ci_low"], out["judge_win_rate_ci_high"] = self.judge_win_rate_ci
         if self.rule_win_rate_ci is not None:
             out["rule_win_rate_ci_low"], out["rule_win_rate_ci_high"] = self.rule_win_rate_ci
+        if self.decisive_pairs:
+            out["decisive_pairs"] = float(self.decisive_pairs)
         out["warnings"] = float(len(self.warnings))
         for prefix, table in (("accuracy", self.accuracy), ("reference_accuracy", self.reference_accuracy)):
             for source, metrics in table.items():

@@ -208,6 +208,8 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     if "reference" in rewards:
         fields.update(win_rate_fields(rewards["policy"], rewards["reference"], gens["policy"].char_lengths,
                                       gens["reference"].char_lengths, cfg))
+    if "reference" in rewards:
+        fields.update(agreement_fields(rewards, correct, "rm_rule_agreement"))
     if "reference" in gens:
         fields.update(rule_win_fields(correct["policy"], correct["reference"], cfg))
         fields["reference_mean_length"] = float(gens["reference"].char_lengths.mean())
@@ -216,7 +218,7 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         fields["reference_accuracy"] = accuracy["reference"]
     fields.update(curves)
     if cfg.judge_model and "reference" in gens:
-        fields.update(judge_fields(cfg, rows, gens, device, progress))
+        fields.update(judge_fields(cfg, rows, gens, correct, device, progress))
     fields["repetition_rate"] = repetition_rate(t for row in gens["policy"].texts for t in row)
     fields.update(verdict_fields(cfg, fields, accuracy))
     fields["notes"] = fields["notes"] + [f"{role} responses reused from {source} (same model, prompts and "
@@ -235,20 +237,31 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     )
 
 
-def judge_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], device: str,
-                 progress: bool) -> dict[str, Any]:
-    """The win rate of the policy over the reference by a second reward model (the judge)."""
+def judge_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations],
+                 correct: dict[str, list[list[bool] | None]], device: str, progress: bool) -> dict[str, Any]:
+    """The win rate of the policy over the reference by a second reward model (the judge), and how
+    often the judge sides with the rule where exactly one answer is right."""
     assert cfg.judge_model is not None
     with reward_scorer(cfg, cfg.judge_model, device, progress) as scorer:
         scores = role_scores(scorer, rows, {r: gens[r] for r in ("policy", "reference")}, cfg.n, "judging")
     outcome = win_rate_fields(scores["policy"], scores["reference"], gens["policy"].char_lengths,
                               gens["reference"].char_lengths, cfg)
-    return {"judge_win_rate": outcome["win_rate"], "judge_win_rate_ci": outcome["win_rate_ci"]}
+    return {"judge_win_rate": outcome["win_rate"], "judge_win_rate_ci": outcome["win_rate_ci"],
+            **agreement_fields(scores, correct, "judge_rule_agreement")}
+
+
+def agreement_fields(scores: dict[str, np.ndarray], correct: dict[str, list[list[bool] | None]],
+                     key: str) -> dict[str, Any]:
+    """``key``: the scorer's :func:`~alignctl.eval.stats.rule_agreement` on the policy-vs-reference
+    pairs, with the count of decisive pairs; nothing when no pair is decisive."""
+    agreement, pairs = stats.rule_agreement(scores["policy"], scores["reference"], correct["policy"],
+                                            correct["reference"])
+    return {} if agreement is None else {key: agreement, "decisive_pairs": pairs}
 
 
 def verdict_fields(cfg: EvalConfig, fields: dict[str, Any], accuracy: dict[str, Any]) -> dict[str, Any]:
     """Whether the reward model trained the policy (its manifest says), and hacking warnings."""
-    from alignctl.eval.verdicts import hacking_warnings, judge_note
+    from alignctl.eval.verdicts import blind_judge_note, hacking_warnings, judge_note
     from alignctl.pipeline.manifest import read_manifest
 
     trained_with = (read_manifest(cfg.policy or "") or {}).get("reward_model")
@@ -261,8 +274,10 @@ def verdict_fields(cfg: EvalConfig, fields: dict[str, Any], accuracy: dict[str, 
         rm_trained_policy=trained)
     repeated = repetition_warning(fields["repetition_rate"], fields.get("reference_repetition_rate"))
     warnings += [repeated] if repeated else []
-    note = judge_note(rm_trained_policy=trained, judge_win_rate=fields.get("judge_win_rate"))
-    return {"rm_trained_policy": trained, "warnings": warnings, "notes": [note] if note else []}
+    notes = [judge_note(rm_trained_policy=trained, judge_win_rate=fields.get("judge_win_rate")),
+             blind_judge_note(judge_rule_agreement=fields.get("judge_rule_agreement"),
+                              decisive_pairs=fields.get("decisive_pairs", 0))]
+    return {"rm_trained_policy": trained, "warnings": warnings, "notes": [n for n in notes if n]}
 
 
 def curve_fields(run: str) -> dict[str, Any]:

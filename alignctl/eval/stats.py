@@ -31,6 +31,13 @@ pass@k (Chen et al. 2021, eq. 1): with ``c`` correct among ``n`` samples, the un
 "at least one of k draws without replacement is correct" is ``1 - C(n-c, k) / C(n, k)``, computed
 as the product ``prod_{i=n-c+1}^{n} (1 - k/i)`` so that no binomial coefficient overflows.
 
+Rule agreement. On the pairs where the rule scorer marks exactly one side right (decisive pairs), the
+share in which a reward model scores the right answer higher (ties 1/2): 1 is a judge that sees
+correctness perfectly, 1/2 one that is blind to it. It bounds what that model's win rate can show:
+when the non-decisive pairs average 1/2, its win rate is ``1/2 + (a - b) * (d - 1/2)`` with ``a``
+(``b``) the share of pairs where only the policy (only the reference) is right and ``d`` the
+agreement, so a judge at d = 0.6 turns a 20-point accuracy gain (a - b = 0.2) into a win rate of 0.52.
+
 maj@k: the answer given most often among the ``k = n`` samples (ties: the answer that appeared
 first) decides the prompt; samples without an extractable answer do not vote.
 """
@@ -62,6 +69,25 @@ def pair_outcomes(policy: np.ndarray, reference: np.ndarray) -> np.ndarray:
 def win_scores(policy: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Per-prompt win score ``w[i]`` (mean over the prompt's pairs). [P, n], [P, m] -> [P]."""
     return pair_outcomes(policy, reference).mean(axis=(1, 2))
+
+
+def rule_agreement(policy: np.ndarray, reference: np.ndarray, policy_correct: Sequence[Sequence[bool] | None],
+                   reference_correct: Sequence[Sequence[bool] | None]) -> tuple[float | None, int]:
+    """(agreement, number of decisive pairs): over every (policy sample, reference sample) pair of a
+    prompt where exactly one of the two is right, the mean outcome (1 / 0.5 / 0) of the right one by
+    the scores (module docstring). Prompts without a ground truth (None) are left out; no decisive
+    pair gives (None, 0). policy [P, n], reference [P, m]; the marks are [P][n] and [P][m]."""
+    total, count = 0.0, 0
+    outcomes = pair_outcomes(policy, reference)  # [P, n, m]: 1 when the policy's sample scores higher
+    for i, (mine, theirs) in enumerate(zip(policy_correct, reference_correct)):
+        if mine is None or theirs is None:
+            continue
+        right_p = np.asarray(mine, dtype=bool)[:, None]
+        right_r = np.asarray(theirs, dtype=bool)[None, :]
+        # Only the policy right: its win counts; only the reference right: the reference's (1 - outcome).
+        total += float(outcomes[i][right_p & ~right_r].sum() + (1.0 - outcomes[i][~right_p & right_r]).sum())
+        count += int((right_p != right_r).sum())
+    return (total / count if count else None), count
 
 
 def bootstrap_ci(values: np.ndarray, *, num_resamples: int, seed: int,

@@ -35,3 +35,17 @@ def judge_note(*, rm_trained_policy: bool | None, judge_win_rate: float | None) 
         return ("the win rate is judged by the reward model the policy was trained against; pass judge_model=<a "
                 "reward model trained on other pairs> for an independent verdict")
     return None
+
+
+BLIND_AGREEMENT = 0.75  # below this a judge's win rate hides most of an accuracy gain
+MIN_DECISIVE_PAIRS = 20  # fewer decisive pairs say too little about the agreement
+
+
+def blind_judge_note(*, judge_rule_agreement: float | None, decisive_pairs: int) -> str | None:
+    """When the judge barely tells a right answer from a wrong one, its win rate cannot show that
+    the policy got more answers right: say by how much it moves (alignctl.eval.stats, "Rule agreement")."""
+    if judge_rule_agreement is None or decisive_pairs < MIN_DECISIVE_PAIRS or judge_rule_agreement >= BLIND_AGREEMENT:
+        return None
+    return (f"the judge model scores the right answer higher in {judge_rule_agreement:.0%} of the {decisive_pairs} "
+            f"pairs where exactly one answer is right (50% = blind to correctness): each point of accuracy the policy "
+            f"gains moves the judge's win rate by about {judge_rule_agreement - 0.5:.2f} points")
