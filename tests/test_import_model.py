@@ -209,6 +209,34 @@ def test_a_changed_source_is_not_served_from_the_cache(tiny_gguf: Path, tmp_path
     assert sources(ImportModelConfig(from_package="gguf")) == {"package": "gguf", "version": version}
 
 
+def test_an_unchanged_file_is_inspected_once(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Preflight and the import read the same header: the second inspection of an unchanged file
+    reuses the first; a file rewritten in place is read again (and a broken one still fails)."""
+    import shutil
+
+    from alignctl.errors import UserError
+    from alignctl.models import gguf_import
+
+    opened: list[Path] = []
+    real_open = gguf_import._open_reader
+
+    def counting_open(path: Path, key: str) -> Any:
+        opened.append(path)
+        return real_open(path, key)
+
+    monkeypatch.setattr(gguf_import, "_open_reader", counting_open)
+    path = tmp_path / "model.gguf"
+    shutil.copy(tiny_gguf, path)
+    first = gguf_import.inspect_gguf(path)
+    assert gguf_import.inspect_gguf(str(path), key="another key") == first and len(opened) == 1
+    write_tiny_gguf(path, weight_type="F64", layers=1)  # same path, new size and time
+    with pytest.raises(UserError, match="F64"):
+        gguf_import.inspect_gguf(path)
+    with pytest.raises(UserError, match="F64"):  # a failed file is never remembered
+        gguf_import.inspect_gguf(path)
+    assert len(opened) == 3
+
+
 # ------------------------------------------------------------------------------ one-line errors
 
 

@@ -192,14 +192,34 @@ def _open_reader(path: Path, key: str) -> Any:
         raise UserError(f"{key}: not a readable GGUF file ({first}); expected a complete file") from None
 
 
+# Files already inspected in this process, by (absolute path, size, mtime): the pipeline's preflight
+# and the import itself read the same header, and parsing it costs about 2 s for SmolLM2 (its 49k-token
+# vocabulary is read one string at a time). Only files that passed are kept.
+_INSPECTED: dict[tuple[str, int, int], GGUFInfo] = {}
+
+
 def inspect_gguf(path: str | os.PathLike[str], key: str | None = None) -> GGUFInfo:
     """Read the header and check that transformers can load this architecture and dequantize
     every tensor type in it; any problem is a one-line UserError starting with ``key`` (which
-    names the file; default ``--gguf PATH``)."""
-    import transformers
-
+    names the file; default ``--gguf PATH``). A file that passed before, unchanged, is not read again."""
     path = Path(path).expanduser()
     key = key or f"--gguf {path}"
+    try:
+        stat = path.stat()
+        identity = (str(path.absolute()), stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        identity = None  # _open_reader says what is wrong
+    if identity in _INSPECTED:
+        return _INSPECTED[identity]  # type: ignore[index]
+    info = _inspect(path, key)
+    if identity is not None:
+        _INSPECTED[identity] = info
+    return info
+
+
+def _inspect(path: Path, key: str) -> GGUFInfo:
+    import transformers
+
     reader = _open_reader(path, key)
     architecture = _text_field(reader, "general.architecture")
     if not architecture:
