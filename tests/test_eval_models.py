@@ -547,7 +547,7 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
     rows = [SimpleNamespace(messages=[{"role": "user", "content": f"Tom has {i} pens."}]) for i in range(3)]
     gens = {"policy": SimpleNamespace(texts=[["12"], ["7 apples"], ["3"]]),
             "reference": SimpleNamespace(texts=[["12"], ["seven"], ["3"]])}
-    scores = role_scores(scorer, rows, gens, 1, "judging")  # type: ignore[arg-type]
+    scores = role_scores(scorer, rows, gens, "judging")  # type: ignore[arg-type]
     # 6 answers, 4 distinct (prompt, answer) sequences, one scorer call; batch size 2 puts the
     # shared answers of prompt 0 in other batches than prompt 2's, and still they tie bit for bit.
     assert scored == [4]
@@ -557,6 +557,48 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
                          normalize=False, progress=False)
     convs = [(r.messages, [{"role": "assistant", "content": t[0]}]) for r, t in zip(rows, gens["reference"].texts)]
     assert alone.score(convs, "x") == pytest.approx(scores["reference"][:, 0], abs=1e-5)
+    # Scores an earlier eval stored for the reference's answers are taken, for the policy's equal
+    # answers too (still exact ties): only the policy's "7 apples" is scored.
+    scored.clear()
+    stored = {"reference": np.array([[100.0], [200.0], [300.0]])}
+    again = role_scores(scorer, rows, gens, "judging", known=stored)  # type: ignore[arg-type]
+    assert scored == [1]
+    assert again["reference"][:, 0].tolist() == [100.0, 200.0, 300.0]
+    assert again["policy"][0, 0] == 100.0 and again["policy"][2, 0] == 300.0
+    assert again["policy"][1, 0] == pytest.approx(scores["policy"][1, 0], abs=1e-5)
+
+
+def test_a_later_eval_takes_the_judge_scores_stored_with_the_responses(assets: dict[str, Path], tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quickstart's two evals share the reference's answers and the judge: the second takes the
+    judge's scores of those answers from the first, and scores only the policy's own answers."""
+    from alignctl.eval.scoring import RewardScorer
+
+    judge = _negated_reward_model(assets["rm"], tmp_path / "judge")
+    common = dict(prompts=assets["data"] / "test.parquet", reference=assets["letters"], judge_model=judge,
+                  max_new_tokens=8, num_bootstrap=100, max_prompts=6)
+    scored: list[int] = []
+    plain = RewardScorer._score_unique
+    monkeypatch.setattr(RewardScorer, "_score_unique",
+                        lambda self, seqs, lengths, desc: (scored.append(len(seqs)), plain(self, seqs, lengths, desc))[1])
+    first = evaluate(model=assets["digits"], out=tmp_path / "first", **common)
+    assert scored == [12]  # 6 policy + 6 reference answers, all distinct
+    stored = json.loads((tmp_path / "first" / "generations.json").read_text())
+    (key, reference_scores), = stored["reference"]["scores"].items()
+    assert list(stored["policy"]["scores"]) == [key]
+    scored.clear()
+    second = evaluate(model=assets["random"], reward_model=assets["rm"], out=tmp_path / "second",
+                      reuse_generations=[str(tmp_path / "first")], **common)
+    assert second.reused_generations == {"reference": str(tmp_path / "first")}
+    # The reward model scores both sides (6 + 6); the judge only the new policy's 6 answers.
+    assert scored == [12, 6]
+    again = json.loads((tmp_path / "second" / "generations.json").read_text())
+    assert again["reference"]["scores"][key] == reference_scores  # taken, bit for bit
+    assert len(again["reference"]["scores"]) == 2 and len(again["policy"]["scores"]) == 2  # + the reward model
+    # The same verdicts as an eval that scores everything itself.
+    fresh = evaluate(model=assets["random"], reward_model=assets["rm"], **common)
+    assert (second.judge_win_rate, second.judge_win_rate_ci) == (fresh.judge_win_rate, fresh.judge_win_rate_ci)
+    assert first.judge_win_rate == 0.0  # the negated judge prefers the letter reference to all-digit answers
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -40,7 +40,9 @@ class EvalConfig:
                                          "responses (generations.json) may be reused: a model's responses are taken "
                                          "from one when the model's weights, the prompts and every generation "
                                          "setting match, else generated (e.g. a second policy evaluated against the "
-                                         "same reference: reuse_generations: ['${eval_grpo}']).")
+                                         "same reference: reuse_generations: ['${eval_grpo}']). Scores stored with "
+                                         "taken responses are taken too, for the same reward model and scoring "
+                                         "settings.")
     rm_batch_size: int = field(16, help="Sequences per reward-model forward pass.")
     rm_max_length: int | None = field(None, help="Longest prompt+response the reward model scores; longer ones keep "
                                                  "their last tokens and are counted (default: the model's context).")

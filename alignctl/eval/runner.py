@@ -57,9 +57,9 @@ def prepare_prompts(cfg: EvalConfig, rows: list[PromptRow]) -> tuple[list[Prompt
 
 
 def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, list[list[int]]], device: str,
-                 progress: bool) -> tuple[dict[str, Generations], dict[str, str], dict[str, str]]:
+                 progress: bool) -> tuple[dict[str, Generations], dict[str, str], dict[str, str], reuse.ScoreBook]:
     """Every model's responses (reused from ``cfg.reuse_generations`` when the fingerprint matches),
-    their fingerprints, and role -> the folder reused from."""
+    their fingerprints, role -> the folder reused from, and the scores stored with reused responses."""
     import dataclasses
 
     from alignctl.rollout import SamplingParams
@@ -68,18 +68,18 @@ def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, lis
                             top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, greedy=not cfg.do_sample,
                             logprobs=False)
     stored = reuse.read_all(cfg.reuse_generations)
-    gens, fingerprints, reused = {}, {}, {}
+    gens, fingerprints, reused, book = {}, {}, {}, reuse.ScoreBook()
     for role, path in _models(cfg).items():
         settings = {"params": dataclasses.asdict(params), "batch_size": cfg.batch_size, "seed": cfg.seed,
                     "role": role, "dtype": cfg.dtype, "device": device}
         fingerprints[role] = reuse.fingerprint(path, ids[role], settings)
         found = reuse.find(stored, fingerprints[role])
         if found is not None:
-            gens[role], reused[role] = found
+            gens[role], reused[role], book.stored[role] = found
             continue
         gens[role] = generate(path, tokenizers[role], ids[role], role=role, params=params, batch_size=cfg.batch_size,
                               seed=cfg.seed, device=device, dtype=cfg.dtype, progress=progress)
-    return gens, fingerprints, reused
+    return gens, fingerprints, reused, book
 
 
 @contextlib.contextmanager
@@ -94,24 +94,46 @@ def reward_scorer(cfg: EvalConfig, path: str, device: str, progress: bool) -> It
         scorer.close()
 
 
-def role_scores(scorer: RewardScorer, rows: list[PromptRow], gens: dict[str, Generations], n: int,
-                label: str) -> dict[str, np.ndarray]:
-    """The scorer's reward [P, n] of every model's responses. All models' responses go to the scorer
-    in one call, so an answer two models share (half of them, for an RL policy and its SFT start)
-    is scored once and is an exact tie, not two runs that may differ in the last bit."""
-    prompts = [r.messages for r in rows]
-    flat = [c for g in gens.values() for c in response_conversations(prompts, g.texts)]
-    scores = scorer.score(flat, f"{label} ({', '.join(gens)})")
-    # Every model answered every prompt n times: the scores are [models, P, n] in gens' order.
-    return dict(zip(gens, scores.reshape(len(gens), len(rows), n)))
+def role_scores(scorer: RewardScorer, rows: list[PromptRow], gens: dict[str, Generations], label: str,
+                known: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The scorer's reward [P, n] of every model's responses. Each distinct answer to a prompt is
+    scored once, all models' in one call, so an answer two models share (half of them, for an RL
+    policy and its SFT start) is an exact tie, not two runs that may differ in the last bit.
+    ``known``: role -> scores [P, n] stored by an earlier eval with this scorer; those answers (and
+    the same answers given by another model) are not scored again."""
+    scores: dict[tuple[int, str], float] = {}
+    for role, values in (known or {}).items():
+        for i, texts in enumerate(gens[role].texts):
+            for j, text in enumerate(texts):
+                scores.setdefault((i, text), float(values[i][j]))
+    pending = list(dict.fromkeys((i, text) for g in gens.values() for i, texts in enumerate(g.texts)
+                                 for text in texts if (i, text) not in scores))
+    if pending:
+        conversations = [(rows[i].messages, [{"role": "assistant", "content": text}]) for i, text in pending]
+        scores.update(zip(pending, scorer.score(conversations, f"{label} ({', '.join(gens)})").tolist()))
+    return {role: np.array([[scores[(i, text)] for text in texts] for i, texts in enumerate(g.texts)],
+                           dtype=np.float64) for role, g in gens.items()}
+
+
+def scored_by(scorer: RewardScorer, key: str, book: reuse.ScoreBook, rows: list[PromptRow],
+              gens: dict[str, Generations], label: str) -> dict[str, np.ndarray]:
+    """:func:`role_scores` with the scores ``book`` holds under ``key`` taken, and the result recorded."""
+    scores = role_scores(scorer, rows, gens, label, book.known(key, list(gens)))
+    book.record(key, scores)
+    return scores
+
+
+def scorer_key(cfg: EvalConfig, path: str, device: str) -> str:
+    return reuse.scorer_key(path, {"dtype": cfg.dtype, "device": device, "precision": cfg.rm_precision,
+                                   "max_length": cfg.rm_max_length, "normalize": cfg.normalize_rewards})
 
 
 def score_all(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], pairs: list[PreferencePair] | None,
-              device: str, progress: bool) -> tuple[dict[str, np.ndarray], dict[str, float], int, bool]:
+              book: reuse.ScoreBook, device: str, progress: bool) -> tuple[dict[str, np.ndarray], dict[str, float], int, bool]:
     """Rewards [P, n] per model, preference-pair stats, RM truncation count, normalised?"""
     assert cfg.reward_model is not None
     with reward_scorer(cfg, cfg.reward_model, device, progress) as scorer:
-        rewards = role_scores(scorer, rows, gens, cfg.n, "scoring")
+        rewards = scored_by(scorer, scorer_key(cfg, cfg.reward_model, device), book, rows, gens, "scoring")
         preference = preference_consistency(scorer, pairs) if pairs else {}
         return rewards, preference, scorer.truncated, scorer.normalization is not None
 
@@ -195,12 +217,12 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     curves = curve_fields(cfg.run) if cfg.run else {}
     pairs = load_preference_pairs(cfg.preference_data, cfg.max_preference_pairs) if cfg.preference_data else None
     rows, tokenizers, ids, skipped = prepare_prompts(cfg, rows)
-    gens, fingerprints, reused = generate_all(cfg, tokenizers, ids, device, progress)
+    gens, fingerprints, reused, book = generate_all(cfg, tokenizers, ids, device, progress)
     rewards: dict[str, np.ndarray] = {}
     preference: dict[str, float] = {}
     rm_truncated, normalized = 0, False
     if cfg.reward_model:
-        rewards, preference, rm_truncated, normalized = score_all(cfg, rows, gens, pairs, device, progress)
+        rewards, preference, rm_truncated, normalized = score_all(cfg, rows, gens, pairs, book, device, progress)
     accuracy, correct = {}, {}
     for role, g in gens.items():
         accuracy[role], correct[role] = rule_accuracy(rows, g.texts)
@@ -218,7 +240,7 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         fields["reference_accuracy"] = accuracy["reference"]
     fields.update(curves)
     if cfg.judge_model and "reference" in gens:
-        fields.update(judge_fields(cfg, rows, gens, correct, device, progress))
+        fields.update(judge_fields(cfg, rows, gens, correct, book, device, progress))
     fields["repetition_rate"] = repetition_rate(t for row in gens["policy"].texts for t in row)
     fields.update(verdict_fields(cfg, fields, accuracy))
     fields["notes"] = fields["notes"] + [f"{role} responses reused from {source} (same model, prompts and "
@@ -233,17 +255,19 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
         samples=build_samples(rows, gens, rewards, correct),
         skipped_prompts=skipped, rm_truncated=rm_truncated, config=to_dict(cfg),
         wall_time_s=time.perf_counter() - start,
-        reused_generations=reused, generations=reuse.to_json(gens, fingerprints),
+        reused_generations=reused, generations=reuse.to_json(gens, fingerprints, book),
     )
 
 
 def judge_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations],
-                 correct: dict[str, list[list[bool] | None]], device: str, progress: bool) -> dict[str, Any]:
+                 correct: dict[str, list[list[bool] | None]], book: reuse.ScoreBook, device: str,
+                 progress: bool) -> dict[str, Any]:
     """The win rate of the policy over the reference by a second reward model (the judge), and how
     often the judge sides with the rule where exactly one answer is right."""
     assert cfg.judge_model is not None
     with reward_scorer(cfg, cfg.judge_model, device, progress) as scorer:
-        scores = role_scores(scorer, rows, {r: gens[r] for r in ("policy", "reference")}, cfg.n, "judging")
+        scores = scored_by(scorer, scorer_key(cfg, cfg.judge_model, device), book, rows,
+                           {r: gens[r] for r in ("policy", "reference")}, "judging")
     outcome = win_rate_fields(scores["policy"], scores["reference"], gens["policy"].char_lengths,
                               gens["reference"].char_lengths, cfg)
     return {"judge_win_rate": outcome["win_rate"], "judge_win_rate_ci": outcome["win_rate_ci"],
