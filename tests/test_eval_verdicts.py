@@ -47,7 +47,9 @@ def test_a_judge_blind_to_correctness_is_noted():
 
     note = blind_judge_note(judge_rule_agreement=0.62, decisive_pairs=85)
     assert note is not None
-    assert "62% of the 85 pairs" in note and "by about 0.12 points" in note
+    assert "only 62% of the 85 pairs" in note and "raises the judge's win rate by about 0.12 points" in note
+    worse = blind_judge_note(judge_rule_agreement=0.34, decisive_pairs=65)
+    assert worse is not None and "34% of the 65 pairs" in worse and "prefers wrong answers" in worse
     # A judge that sees correctness, too few decisive pairs to tell, or no judge: nothing to say.
     assert blind_judge_note(judge_rule_agreement=0.75, decisive_pairs=85) is None
     assert blind_judge_note(judge_rule_agreement=0.55, decisive_pairs=19) is None

@@ -46,6 +46,9 @@ def blind_judge_note(*, judge_rule_agreement: float | None, decisive_pairs: int)
     the policy got more answers right: say by how much it moves (alignctl.eval.stats, "Rule agreement")."""
     if judge_rule_agreement is None or decisive_pairs < MIN_DECISIVE_PAIRS or judge_rule_agreement >= BLIND_AGREEMENT:
         return None
-    return (f"the judge model scores the right answer higher in {judge_rule_agreement:.0%} of the {decisive_pairs} "
-            f"pairs where exactly one answer is right (50% = blind to correctness): each point of accuracy the policy "
-            f"gains moves the judge's win rate by about {judge_rule_agreement - 0.5:.2f} points")
+    said = (f"the judge model scores the right answer higher in only {judge_rule_agreement:.0%} of the {decisive_pairs} "
+            f"pairs where exactly one answer is right (50% = blind to correctness): ")
+    if judge_rule_agreement < 0.5:
+        return said + "it prefers wrong answers, so accuracy the policy gains lowers the judge's win rate"
+    return said + (f"each point of accuracy the policy gains raises the judge's win rate by about "
+                   f"{judge_rule_agreement - 0.5:.2f} points")
