@@ -268,6 +268,33 @@ def _quiet_transformers() -> Iterator[None]:
             legacy.tqdm = original
 
 
+@contextlib.contextmanager
+def _parse_once() -> Iterator[None]:
+    """transformers' GGUF loader builds a new ``gguf.GGUFReader`` for the config, the weights and the
+    tokenizer, each parsing the whole header (about 2 s for SmolLM2's 49k-token vocabulary), and
+    rebuilds gguf's tensor-name map for every module of the model (about 400 times, 3 s in all).
+    Inside this block each file is parsed once and each map built once. A reader is a read-only
+    view of its file (mode 'r'), so the loads that share it get the same tensors as before."""
+    module = _gguf_module()
+    reader_class, name_map = module.GGUFReader, module.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared_reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        if mode != "r":  # a writable map must not be shared
+            return reader_class(path, mode)
+        key = (os.path.abspath(os.fspath(path)), mode)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    module.GGUFReader = shared_reader
+    module.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        module.GGUFReader, module.get_tensor_name_map = reader_class, name_map
+
+
 def _load_error(key: str, exc: Exception) -> UserError:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return UserError(f"{key}: transformers could not load it ({first}); expected a GGUF of a causal "
@@ -395,12 +422,13 @@ def import_gguf(
     check_output_dir(out, key="--out", overwrite=overwrite, inputs=[path])  # before the slow part
     say = _console().print
     say(f"[bold]import-model[/] reading {escape(str(path))}")
-    info = inspect_gguf(path, key)
-    say(f"  {info.architecture} model{f' ({escape(info.name)})' if info.name else ''}, {info.quantization}, "
-        f"{sum(info.tensor_types.values())} tensors")
-    say("  dequantizing to float32 (transformers)")
-    gguf_model = _load_gguf_model(path, key)
-    tokenizer = _load_tokenizer(path, key)
+    with _parse_once():
+        info = inspect_gguf(path, key)
+        say(f"  {info.architecture} model{f' ({escape(info.name)})' if info.name else ''}, {info.quantization}, "
+            f"{sum(info.tensor_types.values())} tensors")
+        say("  dequantizing to float32 (transformers)")
+        gguf_model = _load_gguf_model(path, key)
+        tokenizer = _load_tokenizer(path, key)
     say(f"  tokenizer: {len(tokenizer)} tokens, eos {escape(str(tokenizer.eos_token))}, chat template "
         f"{'yes' if tokenizer.chat_template else 'none (plain prompts only)'}")
     model = _plain_model(gguf_model, dtype)
