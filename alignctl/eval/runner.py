@@ -33,7 +33,7 @@ from alignctl.eval.data import PreferencePair, PromptRow, load_preference_pairs,
 from alignctl.eval.generate import Generations, generate, tokenize_prompts
 from alignctl.eval.repetition import repetition_rate, repetition_warning
 from alignctl.eval.results import EvalResults, number_text
-from alignctl.eval.scoring import RewardScorer, response_conversations
+from alignctl.eval.scoring import RewardScorer
 
 STAGE = "eval"
 
@@ -230,7 +230,6 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     if "reference" in rewards:
         fields.update(win_rate_fields(rewards["policy"], rewards["reference"], gens["policy"].char_lengths,
                                       gens["reference"].char_lengths, cfg))
-    if "reference" in rewards:
         fields.update(agreement_fields(rewards, correct, "rm_rule_agreement"))
     if "reference" in gens:
         fields.update(rule_win_fields(correct["policy"], correct["reference"], cfg))
