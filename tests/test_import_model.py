@@ -237,6 +237,23 @@ def test_an_unchanged_file_is_inspected_once(tiny_gguf: Path, tmp_path: Path, mo
     assert len(opened) == 3
 
 
+def test_the_import_benchmark_runs_both_sides_to_the_same_weights(tiny_gguf: Path, tmp_path: Path):
+    """benchmarks/gguf_import.py --quick on the tiny GGUF: both sides import, the weights are compared
+    byte for byte (the script exits non-zero otherwise) and the JSON record has the ratio. No timing
+    assertion: the machine is shared."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "gguf_import.py"), "--gguf", str(tiny_gguf),
+                           "--quick", "--json", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["setup"]["weights_identical"] is True and record["ratio"] > 0
+    assert len(record["setup"]["ours_s"]) == len(record["setup"]["baseline_s"]) == 1
+
+
 # ------------------------------------------------------------------------------ one-line errors
 
 
