@@ -13,7 +13,8 @@ them, under a key of what decides a score besides the responses: the reward mode
 dtype, device, precision, truncation length and normalisation (:func:`scorer_key`). A later eval
 that takes those responses and scores them with the same reward model takes the scores as well (the
 quickstart's judge scores the SFT model's answers once, not in both evals). A taken score equals a
-fresh one up to the last bits of batching: the same sequences, packed beside other ones.
+fresh one up to the rounding of batching (the same sequences, packed beside other ones); under bf16
+autocast that is enough to turn a verdict on a near tie.
 """
 
 from __future__ import annotations
