@@ -566,6 +566,10 @@ def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[s
     assert again["reference"][:, 0].tolist() == [100.0, 200.0, 300.0]
     assert again["policy"][0, 0] == 100.0 and again["policy"][2, 0] == 300.0
     assert again["policy"][1, 0] == pytest.approx(scores["policy"][1, 0], abs=1e-5)
+    # Stored scores of another shape (a hand-edited generations.json) are not taken: all 4 are scored.
+    scored.clear()
+    role_scores(scorer, rows, gens, "judging", known={"reference": np.array([[1.0], [2.0]])})  # type: ignore[arg-type]
+    assert scored == [4]
 
 
 def test_a_later_eval_takes_the_judge_scores_stored_with_the_responses(assets: dict[str, Path], tmp_path: Path,

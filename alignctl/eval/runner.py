@@ -103,7 +103,10 @@ def role_scores(scorer: RewardScorer, rows: list[PromptRow], gens: dict[str, Gen
     the same answers given by another model) are not scored again."""
     scores: dict[tuple[int, str], float] = {}
     for role, values in (known or {}).items():
-        for i, texts in enumerate(gens[role].texts):
+        answers = gens[role].texts
+        if np.shape(values) != (len(answers), len(answers[0]) if answers else 0):
+            continue  # not shaped like these answers (a hand-edited file): score them instead
+        for i, texts in enumerate(answers):
             for j, text in enumerate(texts):
                 scores.setdefault((i, text), float(values[i][j]))
     pending = list(dict.fromkeys((i, text) for g in gens.values() for i, texts in enumerate(g.texts)
