@@ -62,9 +62,9 @@ def main() -> None:
                                  repeats=1 if args.quick else 2)
     setup: dict[str, Any] = {"eval": args.eval, "ours_s": times["ours"]["wall"], "baseline_s": times["baseline"]["wall"]}
     for name, res in results.items():
-        setup[f"judge_win_rate[{name}]"] = res.judge_win_rate
-        setup[f"win_rate[{name}]"] = res.win_rate
-        setup[f"reused[{name}]"] = sorted(res.reused_generations)
+        setup[f"judge_win_rate/{name}"] = res.judge_win_rate
+        setup[f"win_rate/{name}"] = res.win_rate
+        setup[f"reused/{name}"] = sorted(res.reused_generations)
     report("eval: stored scores taken vs scored again", summarize(times["ours"]["wall"])["median"],
            summarize(times["baseline"]["wall"])["median"], "s per eval", setup, higher_is_better=False,
            json_path=args.json)

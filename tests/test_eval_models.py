@@ -613,8 +613,8 @@ def test_a_later_eval_takes_the_judge_scores_stored_with_the_responses(assets: d
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "bench.json").read_text())
-    assert record["setup"]["judge_win_rate[ours]"] == record["setup"]["judge_win_rate[baseline]"] == fresh.judge_win_rate
-    assert record["setup"]["reused[ours]"] == record["setup"]["reused[baseline]"] == ["reference"]
+    assert record["setup"]["judge_win_rate/ours"] == record["setup"]["judge_win_rate/baseline"] == fresh.judge_win_rate
+    assert record["setup"]["reused/ours"] == record["setup"]["reused/baseline"] == ["reference"]
 
 
 @pytest.mark.parametrize("packed", [True, False])
