@@ -7,7 +7,8 @@ each a whole :func:`alignctl.eval.runner.evaluate_rows` (generation, scoring, st
 them are taken. The baseline takes the same answers from a copy of each earlier ``generations.json``
 with the scores removed, so each reward model scores them again (the eval before scores were
 stored). Both sides print their judge / reward-model win rates: taken scores equal fresh ones up to
-the rounding of batching (bf16 under ``rm_precision=bf16``), so a verdict on a near tie may differ. Ratio = baseline time / ours.
+the rounding of batching (bf16 under ``rm_precision=bf16``), so a verdict on a near tie may differ.
+Ratio = baseline time / ours.
 
 Run: ``python benchmarks/eval_score_reuse.py --eval DIR [--quick] [--json out.json]``.
 """

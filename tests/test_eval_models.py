@@ -214,7 +214,7 @@ def test_rule_win_rate_matches_the_samples_correctness(digits_vs_letters: EvalRe
     assert digits_vs_letters.headline()["rule_win_rate"] == digits_vs_letters.rule_win_rate
 
 
-def _recount_rule_agreement(samples: list[dict], role_scores: str = "reward") -> tuple[float | None, int]:
+def _recount_rule_agreement(samples: list[dict]) -> tuple[float | None, int]:
     """Independent recount from the per-sample records: every (policy, reference) sample pair of a
     prompt where exactly one is right, scored 1 / 0.5 / 0 for the right one by its reward."""
     outcomes = []
@@ -224,8 +224,8 @@ def _recount_rule_agreement(samples: list[dict], role_scores: str = "reward") ->
                 if p["correct"] is None or r["correct"] is None or p["correct"] == r["correct"]:
                     continue
                 right, wrong = (p, r) if p["correct"] else (r, p)
-                outcomes.append(1.0 if right[role_scores] > wrong[role_scores] else
-                                0.5 if right[role_scores] == wrong[role_scores] else 0.0)
+                outcomes.append(1.0 if right["reward"] > wrong["reward"] else
+                                0.5 if right["reward"] == wrong["reward"] else 0.0)
     return (sum(outcomes) / len(outcomes) if outcomes else None), len(outcomes)
 
 
