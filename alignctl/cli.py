@@ -334,6 +334,7 @@ def eval_(
     reference: Annotated[Optional[str], typer.Option(help="Reference model folder (win rate is policy vs this).")] = None,
     reward_model: Annotated[Optional[str], typer.Option("--reward-model", help="Reward model folder.")] = None,
     judge_model: Annotated[Optional[str], typer.Option("--judge-model", help="A second reward model that did not train the policy: an independent win rate.")] = None,
+    likelihood_model: Annotated[Optional[str], typer.Option("--likelihood-model", help="Causal LM folder: how often its own likelihood ranks the right answer higher where exactly one is right.")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="RL prompt parquet (preprocess output).")] = None,
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per prompt (pass@k / maj@k).")] = None,
     preference_data: Annotated[Optional[str], typer.Option(help="Held-out preference parquet (RM consistency).")] = None,
@@ -348,7 +349,7 @@ def eval_(
     from alignctl.eval import print_eval_report, run_eval
 
     flags = {"policy": policy, "reference": reference, "reward_model": reward_model, "judge_model": judge_model,
-             "prompts": prompts, "n": n, "preference_data": preference_data, "run": run, "out": out}
+             "likelihood_model": likelihood_model, "prompts": prompts, "n": n, "preference_data": preference_data, "run": run, "out": out}
     cfg = load_config(EvalConfig, config, overrides or [], flags=flags)
     _preflight(cfg, overwrite)
     print_eval_report(run_eval(cfg, progress=_interactive()))

@@ -129,7 +129,7 @@ def _slow_reply_log_prob(model: Any, ids: list[int], start: int) -> float:
 def test_likelihood_of_replies_matches_an_unpadded_reference(arith: Path, tmp_path: Path) -> None:
     """The reply boundary follows the chat template's generation prompt, and the padded batch gives
     each reply the log-probability of a one-row forward pass (to float32 rounding)."""
-    from alignctl.audit.likelihood import encode_pair, reply_log_probs
+    from alignctl.eval.likelihood import encode_pair, reply_log_probs
     from alignctl.audit.pairs import read_pairs
     from alignctl.audit.runner import _encoder
     from alignctl.models.loading import load_causal_lm, load_tokenizer
@@ -157,7 +157,7 @@ def test_likelihood_check_reports_accuracy_and_warns_against_the_reward_model(ar
     """--likelihood-model: accuracies land in summary.json and the HTML page; the accuracy is the
     share of pairs whose chosen reply has the higher summed log-probability (recomputed here from
     the slow reference on the same model)."""
-    from alignctl.audit.likelihood import encode_pair
+    from alignctl.eval.likelihood import encode_pair
     from alignctl.audit.pairs import read_pairs
     from alignctl.audit.runner import _encoder
     from alignctl.models.loading import load_causal_lm, load_tokenizer

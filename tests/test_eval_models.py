@@ -26,6 +26,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -236,19 +237,25 @@ def test_rule_agreement_recounted_from_the_samples(digits_vs_letters: EvalResult
     assert res.headline().get("rm_rule_agreement") == agreement
 
 
-def test_rule_agreement_of_a_reward_model_and_of_its_negation(assets: dict[str, Path], tmp_path: Path) -> None:
-    """The digit model's stored answers to 4 of 10 prompts are rewritten to the right ``#### N`` (taken
-    back through reuse_generations); the letter model is never right. That gives 4 decisive pairs, all
-    won by the right answer under the digit reward model (agreement 1: "#### N" holds digits, letters
-    none) and all lost under its negation as the judge (agreement 0)."""
-    common = dict(prompts=assets["data"] / "test.parquet", reward_model=assets["rm"], reference=assets["letters"],
-                  max_new_tokens=8, num_bootstrap=100)
-    first = evaluate(model=assets["digits"], out=tmp_path / "first", **common)
+def _four_right_answers(assets: dict[str, Path], out: Path, common: dict[str, Any]) -> None:
+    """An eval of the digit model against the letter model at ``out`` whose stored policy answers to 4
+    of the 10 prompts are rewritten to the right ``#### N`` (a later eval takes them back through
+    reuse_generations); the letter model is never right, so those are 4 decisive pairs."""
+    first = evaluate(model=assets["digits"], out=out, **common)
     assert first.decisive_pairs == 0 and first.rm_rule_agreement is None  # 8 repeated digits are never "#### N"
-    stored = json.loads((tmp_path / "first" / "generations.json").read_text())
+    stored = json.loads((out / "generations.json").read_text())
     for i in range(4):
         stored["policy"]["texts"][i] = [f"#### {first.samples[i]['ground_truth']}"]
-    (tmp_path / "first" / "generations.json").write_text(json.dumps(stored))
+    (out / "generations.json").write_text(json.dumps(stored))
+
+
+def test_rule_agreement_of_a_reward_model_and_of_its_negation(assets: dict[str, Path], tmp_path: Path) -> None:
+    """4 decisive pairs (:func:`_four_right_answers`), all won by the right answer under the digit
+    reward model (agreement 1: "#### N" holds digits, letters none) and all lost under its negation as
+    the judge (agreement 0)."""
+    common = dict(prompts=assets["data"] / "test.parquet", reward_model=assets["rm"], reference=assets["letters"],
+                  max_new_tokens=8, num_bootstrap=100)
+    _four_right_answers(assets, tmp_path / "first", common)
     judge = _negated_reward_model(assets["rm"], tmp_path / "negated")
     res = evaluate(model=assets["digits"], judge_model=judge, reuse_generations=[str(tmp_path / "first")], **common)
     assert set(res.reused_generations) == {"policy", "reference"}
@@ -263,6 +270,43 @@ def test_rule_agreement_of_a_reward_model_and_of_its_negation(assets: dict[str, 
     assert "of 4 pairs where exactly one is right (50% = blind) | reward model 100.0%; judge 0.0% |" in \
         (tmp_path / "report" / "report.md").read_text()
     assert "of 4 pairs where exactly one answer is right" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_likelihood_rule_agreement_of_the_two_constant_models(assets: dict[str, Path], tmp_path: Path) -> None:
+    """The 4 decisive pairs of :func:`_four_right_answers`, ranked by a causal LM's summed log-probability.
+    By hand: a constant model gives every token, whatever its context, log-probability 10 - L if it is
+    in the model's alphabet and -L otherwise (L: the log-sum-exp of its fixed logits, 10 < L < 10 + ln V).
+    The end-of-turn tokens are the same on both sides and cancel. The right answer ``#### N`` is k = 5 +
+    len(N) <= 8 tokens (N has at most 3 characters here), d >= 1 of them digits; the wrong one 8 letters.
+    Digit model: -kL + 10d > -8L always, so the right answer wins: agreement 1. Letter model:
+    8(10 - L) = 80 - 8L > -kL as long as (8 - k)L < 80, true for L < 40 (k >= 6): agreement 0."""
+    common = dict(prompts=assets["data"] / "test.parquet", reference=assets["letters"], max_new_tokens=8,
+                  num_bootstrap=100)
+    _four_right_answers(assets, tmp_path / "first", common)
+    reuse = [str(tmp_path / "first")]
+    by_digits = evaluate(model=assets["digits"], likelihood_model=assets["digits"], reuse_generations=reuse,
+                         out=tmp_path / "by_digits", **common)
+    by_letters = evaluate(model=assets["digits"], likelihood_model=assets["letters"], reuse_generations=reuse,
+                          **common)
+    assert (by_digits.decisive_pairs, by_digits.likelihood_rule_agreement) == (4, 1.0)
+    assert (by_letters.decisive_pairs, by_letters.likelihood_rule_agreement) == (4, 0.0)
+    assert by_digits.rm_rule_agreement is None and by_digits.judge_rule_agreement is None
+    assert by_digits.headline()["likelihood_rule_agreement"] == 1.0
+    assert "of 4 pairs where exactly one is right (50% = blind) | likelihood 100.0% |" in \
+        (tmp_path / "by_digits" / "report.md").read_text()
+    assert "by the likelihood model, of 4 pairs" in (tmp_path / "by_digits" / "report.html").read_text()
+
+
+def test_likelihood_model_needs_a_reference_and_a_model_folder(assets: dict[str, Path], tmp_path: Path) -> None:
+    from alignctl.preflight import preflight
+
+    with pytest.raises(UserError, match="'likelihood_model' needs 'reference'"):
+        load_config(EvalConfig, None, ["policy=p", "prompts=x.parquet", "likelihood_model=m"])
+    cfg = load_config(EvalConfig, None, [f"policy={assets['digits']}", f"reference={assets['letters']}",
+                                         f"prompts={assets['data'] / 'test.parquet'}", f"out={tmp_path / 'out'}",
+                                         f"likelihood_model={tmp_path / 'missing'}"])
+    with pytest.raises(UserError, match="likelihood_model"):
+        preflight(cfg)
 
 
 def test_reward_model_built_to_prefer_digits(assets: dict[str, Path], digits_vs_letters: EvalResults) -> None:

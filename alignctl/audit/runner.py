@@ -86,13 +86,9 @@ def _others(group: list[int], row: int, limit: int = 5) -> str:
 
 
 def _encoder(tokenizer: Any) -> Any:
-    """A RewardScorer that only tokenizes: its rule (chat template, or plain text + eos) without
-    truncation, so the lengths are the real ones for the --max-length check."""
-    from alignctl.eval.scoring import RewardScorer
+    from alignctl.eval.likelihood import plain_encoder
 
-    encoder = RewardScorer.__new__(RewardScorer)  # no model: encode() needs only these three
-    encoder.tokenizer, encoder.max_length, encoder.truncated = tokenizer, None, 0
-    return encoder
+    return plain_encoder(tokenizer)
 
 
 def token_lengths(tokenizer: Any, convs: list[tuple[Messages, Messages, Messages]], progress: bool
@@ -179,24 +175,15 @@ def likelihood_checks(result: AuditResult, opts: AuditOptions, convs: list[tuple
     """With --likelihood-model: how often that causal LM's own likelihood of the reply prefers chosen."""
     if opts.likelihood_model is None:
         return
-    from alignctl.audit.likelihood import encode_pair, reply_log_probs
     from alignctl.device import resolve_device
-    from alignctl.models.loading import load_causal_lm, load_tokenizer
+    from alignctl.eval.likelihood import reply_likelihoods
 
     scorable = scorable_rows(convs)
-    tokenizer = load_tokenizer(opts.likelihood_model, padding_side="right")
-    model = load_causal_lm(opts.likelihood_model).to(resolve_device(opts.device, key="--device")).eval()
-    encode = _encoder(tokenizer).encode
-    rows = [encode_pair(tokenizer, encode, convs[i][0], reply) for i in scorable for reply in convs[i][1:]]
-    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    order = sorted(range(len(rows)), key=lambda k: len(rows[k][0]))  # similar lengths share a batch
-    found: dict[int, np.ndarray] = {}
-    for start in track(range(0, len(order), opts.rm_batch_size), "likelihood of replies",
-                       enabled=None if opts.progress else False):
-        chunk = order[start:start + opts.rm_batch_size]
-        found.update(zip(chunk, reply_log_probs(model, [rows[k] for k in chunk], pad)))
-    total = np.array([found[k].sum() for k in range(len(rows))]).reshape(-1, 2)
-    mean = np.array([found[k].mean() for k in range(len(rows))]).reshape(-1, 2)
+    pairs = [(convs[i][0], reply) for i in scorable for reply in convs[i][1:]]
+    summed, mean = reply_likelihoods(opts.likelihood_model, pairs, device=resolve_device(opts.device, key="--device"),
+                                     batch_size=opts.rm_batch_size, label="likelihood of replies",
+                                     progress=opts.progress)
+    total, mean = summed.reshape(-1, 2), mean.reshape(-1, 2)
     result.likelihood = {"path": opts.likelihood_model,
                          **checks.likelihood_accuracy(total[:, 0], total[:, 1], mean[:, 0], mean[:, 1])}
     if groups is not None:

@@ -21,6 +21,10 @@ class EvalConfig:
     judge_model: str | None = field(None, help="A second reward model that did not train the policy (e.g. one trained "
                                                "on a disjoint half of the pairs): its win rate is reported beside "
                                                "reward_model's, and a disagreement is warned about.")
+    likelihood_model: str | None = field(None, help="A causal LM folder (e.g. the model the reward models started from): "
+                                                    "how often its own likelihood ranks the right answer higher, on the "
+                                                    "policy-vs-reference pairs where exactly one is right "
+                                                    "(likelihood_rule_agreement). Needs 'reference'.")
     prompts: str | None = field(None, help="RL prompt parquet (from 'alignctl preprocess', e.g. test.parquet). "
                                            "Rows with a ground truth also get rule accuracy. Required.")
     prompt_key: str = field("prompt", help="Column of the prompt messages in the prompts file.")
@@ -69,6 +73,9 @@ class EvalConfig:
             raise UserError("eval: key 'prompts' is required (an RL prompt parquet file)")
         if self.judge_model and not self.reference:
             raise UserError("eval: key 'judge_model' needs 'reference' (a win rate compares the policy with it)")
+        if self.likelihood_model and not self.reference:
+            raise UserError("eval: key 'likelihood_model' needs 'reference' (it ranks the policy's answers against "
+                            "the reference's)")
         if self.preference_data and not self.reward_model:
             raise UserError("eval: key 'preference_data' needs 'reward_model' (the model whose preference accuracy "
                             "is measured)")

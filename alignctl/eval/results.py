@@ -44,6 +44,8 @@ class EvalResults:
     # (alignctl.eval.stats, "Rule agreement").
     rm_rule_agreement: float | None = None
     judge_rule_agreement: float | None = None
+    # The same for a causal LM's summed log-probability of each answer (eval's likelihood_model).
+    likelihood_rule_agreement: float | None = None
     decisive_pairs: int = 0
     # Whether reward_model is the one the policy was trained against (from the policy's manifest;
     # None when unknown), and disagreements between the win rate and a gold signal.
@@ -91,7 +93,7 @@ class EvalResults:
         """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
         out: dict[str, float] = {"num_prompts": float(self.num_prompts), "n": float(self.n)}
         for key in ("win_rate", "lc_win_rate", "judge_win_rate", "rule_win_rate", "rm_rule_agreement",
-                    "judge_rule_agreement", "mean_reward", "reference_mean_reward", "preference_accuracy",
+                    "judge_rule_agreement", "likelihood_rule_agreement", "mean_reward", "reference_mean_reward", "preference_accuracy",
                     "mean_length", "reference_mean_length", "repetition_rate", "reference_repetition_rate"):
             value = getattr(self, key)
             if value is not None:

@@ -243,6 +243,8 @@ def evaluate_rows(cfg: EvalConfig, rows: list[PromptRow], *, progress: bool = Tr
     fields.update(curves)
     if cfg.judge_model and "reference" in gens:
         fields.update(judge_fields(cfg, rows, gens, correct, book, device, progress))
+    if cfg.likelihood_model and "reference" in gens:
+        fields.update(likelihood_fields(cfg, rows, gens, correct, device, progress))
     fields["repetition_rate"] = repetition_rate(t for row in gens["policy"].texts for t in row)
     fields.update(verdict_fields(cfg, fields, accuracy))
     fields["notes"] = fields["notes"] + [f"{role} responses reused from {source} (same model, prompts and "
@@ -274,6 +276,31 @@ def judge_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generat
                               gens["reference"].char_lengths, cfg)
     return {"judge_win_rate": outcome["win_rate"], "judge_win_rate_ci": outcome["win_rate_ci"],
             **agreement_fields(scores, correct, "judge_rule_agreement")}
+
+
+def likelihood_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations],
+                      correct: dict[str, list[list[bool] | None]], device: str, progress: bool) -> dict[str, Any]:
+    """``likelihood_rule_agreement``: how often ``likelihood_model``'s summed log-probability of an
+    answer ranks the right one higher, on the decisive policy-vs-reference pairs. Only the answers
+    to prompts with a decisive pair are scored (the others do not count), each distinct one once."""
+    from alignctl.eval.likelihood import reply_likelihoods
+
+    assert cfg.likelihood_model is not None
+    decisive = [i for i, (mine, theirs) in enumerate(zip(correct["policy"], correct["reference"]))
+                if mine is not None and theirs is not None and len({*mine, *theirs}) == 2]
+    answers = list(dict.fromkeys((i, text) for i in decisive for role in ("policy", "reference")
+                                 for text in gens[role].texts[i]))
+    if not answers:
+        return {}
+    conversations = [(rows[i].messages, [{"role": "assistant", "content": text}]) for i, text in answers]
+    summed, _ = reply_likelihoods(cfg.likelihood_model, conversations, device=device, batch_size=cfg.rm_batch_size,
+                                  label="likelihood of the answers", progress=progress)
+    found = dict(zip(answers, summed.tolist()))
+    scores = {role: np.array([[found.get((i, text), 0.0) for text in texts] for i, texts in enumerate(gens[role].texts)])
+              for role in ("policy", "reference")}
+    agreement, pairs = stats.rule_agreement(scores["policy"], scores["reference"], correct["policy"],
+                                            correct["reference"])
+    return {} if agreement is None else {"likelihood_rule_agreement": agreement, "decisive_pairs": pairs}
 
 
 def agreement_fields(scores: dict[str, np.ndarray], correct: dict[str, list[list[bool] | None]],

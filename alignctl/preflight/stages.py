@@ -112,6 +112,7 @@ def check_eval(cfg: EvalConfig, ctx: Context) -> None:
     check_model(cfg.reference, "reference", ctx, "causal", needs_tokenizer=True)
     check_model(cfg.reward_model, "reward_model", ctx, "reward", needs_tokenizer=True)
     check_model(cfg.judge_model, "judge_model", ctx, "reward", needs_tokenizer=True)
+    check_model(cfg.likelihood_model, "likelihood_model", ctx, "causal", needs_tokenizer=True)
     if cfg.prompts:
         check_columns([cfg.prompts], "prompts", ctx, [cfg.prompt_key], "RL prompt rows")
         refuse_preference_file(cfg.prompts, "prompts", ctx)
@@ -124,5 +125,5 @@ def check_eval(cfg: EvalConfig, ctx: Context) -> None:
         if not ctx.later(source) and not Path(source).expanduser().is_dir():
             raise UserError(f"reuse_generations[{i}] {source}: no such folder; expected an earlier eval output "
                             f"(its generations.json)")
-    _output(cfg.out, "--out", ctx, [cfg.policy, cfg.reference, cfg.reward_model, cfg.judge_model, cfg.prompts,
-                                    cfg.preference_data, cfg.run])
+    _output(cfg.out, "--out", ctx, [cfg.policy, cfg.reference, cfg.reward_model, cfg.judge_model, cfg.likelihood_model,
+                                    cfg.prompts, cfg.preference_data, cfg.run])
