@@ -53,6 +53,25 @@ def test_default_is_one_hybrid_pool_and_pools_resolve_from_trainer_keys(tmp_path
     assert pool.bundles() == [{"CPU": 4.0, "big": 1.0}] * 2 and [pool.bundle_of(r) for r in range(4)] == [0, 0, 1, 1]
 
 
+def test_cpus_per_worker_auto_shares_this_machines_cores_among_one_nodes_workers(tmp_path):
+    from alignctl.config.placement import auto_cpus_per_worker, pool_shapes
+
+    # By hand: cores // workers on a node, at least 1.
+    assert [auto_cpus_per_worker(w, cores=16) for w in (1, 2, 3, 4, 32)] == [16, 8, 5, 4, 1]
+    cores = os.cpu_count() or 1
+    cfg = _config(tmp_path, "algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=2", "trainer.cpus_per_worker=auto")
+    assert pool_shapes(cfg.trainer, cfg.roles)["global_pool"].cpus == max(1, cores // 2)
+    # Three pools: 2 + 1 + 1 workers counted together; a pool's own number is kept.
+    cfg = _config(tmp_path, *THREE_POOLS, "reward_model.enable=true", "reward_model.model.path=rm",
+                  "trainer.pools.actor_pool.workers_per_node=2", "trainer.pools.rm_pool.cpus_per_worker=3",
+                  "trainer.cpus_per_worker=auto")
+    shapes = pool_shapes(cfg.trainer, cfg.roles)
+    assert [shapes[p].cpus for p in ("actor_pool", "critic_pool", "rm_pool")] == [max(1, cores // 4)] * 2 + [3]
+    for bad, needle in (("0", "expected an integer >= 1, got 0"), ("many", "expected int or one of 'auto'")):
+        with pytest.raises(UserError, match=needle):
+            _config(tmp_path, f"trainer.cpus_per_worker={bad}")
+
+
 @pytest.mark.parametrize("overrides, needles", [
     (("trainer.placement.critic=nope",), ("trainer.placement.critic", "'nope'", "not defined")),
     (("trainer.pools.spare.workers_per_node=1",), ("trainer.pools.spare", "no role is placed on it")),

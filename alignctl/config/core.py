@@ -293,7 +293,8 @@ def _check_choices(obj: Any, prefix: str, origin: _Origin) -> None:
         bounds = f.metadata.get("bounds")
         if bounds and any(b is not None for b in bounds):
             for item in value if isinstance(value, list) else [value]:
-                if item is not None and not _within(item, *bounds):
+                # Bounds bound numbers; a word a field also allows (cpus_per_worker: auto) is not one.
+                if isinstance(item, (int, float)) and not _within(item, *bounds):
                     noun = "an integer" if isinstance(item, int) else "a number"
                     raise UserError(f"{origin.of(dotted)}: key {dotted!r} expected "
                                     f"{describe_bounds(*bounds).replace('a number', noun)}, got {value!r}")

@@ -9,6 +9,7 @@ config, before Ray starts.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -66,14 +67,15 @@ class PoolShape:
         return self.nnodes * self.workers_per_node
 
 
-def _shape(name: str, pool: PoolConfig | None, trainer: Any, gpus_default: int) -> PoolShape:
+def _shape(name: str, pool: PoolConfig | None, trainer: Any, gpus_default: int, auto_cpus: int) -> PoolShape:
     pool = pool or PoolConfig()
     nnodes = pool.nnodes or trainer.nnodes
     strategy = pool.strategy
     if strategy == "auto":
         strategy = "STRICT_SPREAD" if nnodes > 1 else "PACK"
+    cpus = pool.cpus_per_worker or trainer.cpus_per_worker
     return PoolShape(name, nnodes, pool.workers_per_node or trainer.n_gpus_per_node,
-                     pool.cpus_per_worker or trainer.cpus_per_worker,
+                     auto_cpus if cpus == "auto" else cpus,
                      gpus_default if pool.gpus_per_worker is None else pool.gpus_per_worker, strategy,
                      tuple(sorted(pool.resources.items())))
 
@@ -85,11 +87,18 @@ def role_pools(trainer: Any, roles: tuple[str, ...] = ROLES) -> dict[str, str]:
 
 def pool_shapes(trainer: Any, roles: tuple[str, ...] = ROLES, gpus_default: int = 0) -> dict[str, PoolShape]:
     """The pools that hold at least one of ``roles`` (the roles this run uses), in role order."""
-    shapes: dict[str, PoolShape] = {}
-    for name in role_pools(trainer, roles).values():
-        if name not in shapes:
-            shapes[name] = _shape(name, trainer.pools.get(name), trainer, gpus_default)
-    return shapes
+    names = list(dict.fromkeys(role_pools(trainer, roles).values()))
+    auto_cpus = auto_cpus_per_worker(sum((trainer.pools.get(n) or PoolConfig()).workers_per_node
+                                         or trainer.n_gpus_per_node for n in names))
+    return {name: _shape(name, trainer.pools.get(name), trainer, gpus_default, auto_cpus) for name in names}
+
+
+def auto_cpus_per_worker(workers_per_node: int, cores: int | None = None) -> int:
+    """``cpus_per_worker: auto``: this machine's cores shared evenly by the workers of one node, at
+    least 1 each. Pools are counted as if they shared the node, so separate pools never ask for more
+    threads than there are cores."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, cores // max(1, workers_per_node))
 
 
 def check_placement(trainer: Any) -> None:
@@ -115,7 +124,7 @@ def check_placement(trainer: Any) -> None:
                 raise UserError(f"key 'trainer.pools.{name}.resources.{resource}': expected a custom resource name "
                                 f"with a positive amount (CPUs and GPUs have their own keys), got {amount!r}")
     for name in used:
-        shape = _shape(name, trainer.pools.get(name), trainer, 0)
+        shape = _shape(name, trainer.pools.get(name), trainer, 0, auto_cpus=1)  # cores play no part here
         if shape.strategy == "STRICT_PACK" and shape.nnodes > 1:
             key = f"trainer.pools.{name}.strategy" if name in trainer.pools else "trainer.nnodes"
             raise UserError(f"key {key!r}: STRICT_PACK puts every worker on one node, but the pool spans "

@@ -362,7 +362,11 @@ class TrainerConfig:
     nnodes: int = field(1, ge=1, help="Nodes in the Ray cluster.")
     n_gpus_per_node: int = field(1, ge=1, help="Workers per node (GPUs; on CPU, worker processes).")
     device: str = field("auto", help="Device of the workers.", choices=("auto", "cpu", "cuda"))
-    cpus_per_worker: int = field(1, ge=1, help="CPU cores (and torch threads) given to each worker.")
+    cpus_per_worker: int | Literal["auto"] = field(1, ge=1, help="CPU cores (and torch threads) given to each worker. auto: "
+                                                                 "the cores of the machine alignctl runs on, shared "
+                                                                 "evenly by the workers one node holds (every pool's "
+                                                                 "workers_per_node together), at least 1; on a cluster "
+                                                                 "whose nodes differ from this machine, give a number.")
     precision: str = field("fp32", help="bf16: every role's forward passes (rollout, log-probs, training, critic "
                                         "values, reward-model scores) run under bf16 autocast while parameters, "
                                         "gradients and optimizer state stay in model.dtype; the LM head runs in "
