@@ -286,6 +286,8 @@ def likelihood_fields(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Ge
     from alignctl.eval.likelihood import reply_likelihoods
 
     assert cfg.likelihood_model is not None
+    # A prompt has a decisive pair exactly when its answers, both models' together, are neither all
+    # right nor all wrong (each side has at least one answer).
     decisive = [i for i, (mine, theirs) in enumerate(zip(correct["policy"], correct["reference"]))
                 if mine is not None and theirs is not None and len({*mine, *theirs}) == 2]
     answers = list(dict.fromkeys((i, text) for i in decisive for role in ("policy", "reference")
