@@ -129,9 +129,8 @@ def _slow_reply_log_prob(model: Any, ids: list[int], start: int) -> float:
 def test_likelihood_of_replies_matches_an_unpadded_reference(arith: Path, tmp_path: Path) -> None:
     """The reply boundary follows the chat template's generation prompt, and the padded batch gives
     each reply the log-probability of a one-row forward pass (to float32 rounding)."""
-    from alignctl.eval.likelihood import encode_pair, reply_log_probs
     from alignctl.audit.pairs import read_pairs
-    from alignctl.audit.runner import _encoder
+    from alignctl.eval.likelihood import encode_pair, plain_encoder, reply_log_probs
     from alignctl.models.loading import load_causal_lm, load_tokenizer
     from alignctl.models.tiny import init_model
 
@@ -141,7 +140,7 @@ def test_likelihood_of_replies_matches_an_unpadded_reference(arith: Path, tmp_pa
     tokenizer = load_tokenizer(str(model_dir), padding_side="right")
     model = load_causal_lm(str(model_dir)).eval()
     _, convs = read_pairs(str(arith / "pref_test.parquet"))
-    rows = [encode_pair(tokenizer, _encoder(tokenizer).encode, prompt, reply) for prompt, c, r in convs[:6]
+    rows = [encode_pair(tokenizer, plain_encoder(tokenizer).encode, prompt, reply) for prompt, c, r in convs[:6]
             for reply in (c, r)]
     for (ids, start), (prompt, chosen, _) in zip(rows[::2], convs):
         # The reply starts right after '<|assistant|>' and runs to the end of the turn.
@@ -157,9 +156,8 @@ def test_likelihood_check_reports_accuracy_and_warns_against_the_reward_model(ar
     """--likelihood-model: accuracies land in summary.json and the HTML page; the accuracy is the
     share of pairs whose chosen reply has the higher summed log-probability (recomputed here from
     the slow reference on the same model)."""
-    from alignctl.eval.likelihood import encode_pair
     from alignctl.audit.pairs import read_pairs
-    from alignctl.audit.runner import _encoder
+    from alignctl.eval.likelihood import encode_pair, plain_encoder
     from alignctl.models.loading import load_causal_lm, load_tokenizer
     from alignctl.models.tiny import init_model
 
@@ -175,7 +173,7 @@ def test_likelihood_check_reports_accuracy_and_warns_against_the_reward_model(ar
     assert lik["path"] == str(model_dir) and lik["pairs"] == 24
     tokenizer, model = load_tokenizer(str(model_dir), padding_side="right"), load_causal_lm(str(model_dir)).eval()
     _, convs = read_pairs(str(data))
-    encode = _encoder(tokenizer).encode
+    encode = plain_encoder(tokenizer).encode
     right = [_slow_reply_log_prob(model, *encode_pair(tokenizer, encode, p, c))
              > _slow_reply_log_prob(model, *encode_pair(tokenizer, encode, p, r)) for p, c, r in convs]
     assert lik["accuracy_sum"] == pytest.approx(sum(right) / len(right))

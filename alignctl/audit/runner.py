@@ -85,16 +85,12 @@ def _others(group: list[int], row: int, limit: int = 5) -> str:
     return ", ".join(others[:limit]) + (f" (+{len(others) - limit} more)" if len(others) > limit else "")
 
 
-def _encoder(tokenizer: Any) -> Any:
-    from alignctl.eval.likelihood import plain_encoder
-
-    return plain_encoder(tokenizer)
-
-
 def token_lengths(tokenizer: Any, convs: list[tuple[Messages, Messages, Messages]], progress: bool
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(chosen reply tokens, rejected reply tokens, prompt+chosen tokens, prompt+rejected tokens)."""
-    encoder = _encoder(tokenizer)
+    from alignctl.eval.likelihood import plain_encoder
+
+    encoder = plain_encoder(tokenizer)
     reply_c, reply_r, full_c, full_r = [], [], [], []
     for prompt, chosen, rejected in track(convs, "tokenizing pairs", enabled=None if progress else False):
         for reply, reply_out, full_out in ((chosen, reply_c, full_c), (rejected, reply_r, full_r)):

@@ -88,7 +88,6 @@ def reply_likelihoods(path: str, conversations: list[tuple[Messages, Messages]],
     for start in track(range(0, len(order), batch_size), label, enabled=None if progress else False):
         chunk = order[start:start + batch_size]
         found.update(zip(chunk, reply_log_probs(model, [rows[k] for k in chunk], pad)))
-    del model
     summed = np.array([found[k].sum() for k in range(len(rows))], dtype=np.float64)
     mean = np.array([found[k].mean() for k in range(len(rows))], dtype=np.float64)
     return summed, mean

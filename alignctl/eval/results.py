@@ -93,8 +93,9 @@ class EvalResults:
         """Flat numeric metrics (the manifest's ``metrics`` and the console table)."""
         out: dict[str, float] = {"num_prompts": float(self.num_prompts), "n": float(self.n)}
         for key in ("win_rate", "lc_win_rate", "judge_win_rate", "rule_win_rate", "rm_rule_agreement",
-                    "judge_rule_agreement", "likelihood_rule_agreement", "mean_reward", "reference_mean_reward", "preference_accuracy",
-                    "mean_length", "reference_mean_length", "repetition_rate", "reference_repetition_rate"):
+                    "judge_rule_agreement", "likelihood_rule_agreement", "mean_reward", "reference_mean_reward",
+                    "preference_accuracy", "mean_length", "reference_mean_length", "repetition_rate",
+                    "reference_repetition_rate"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = float(value)
