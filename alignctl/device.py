@@ -6,7 +6,9 @@ kept as given. Used by the RL controller (``trainer.device``), ``alignctl plan``
 ``errors`` (torch lazily), so config-level modules such as ``plan`` may use it.
 
 ``autocast`` is the one rule behind every ``precision: bf16`` of a forward pass (RL workers, eval's
-reward-model scoring). (Moving tensors to a worker's device lives in ``workers/device.py``.)
+reward-model scoring); ``bf16_if_native`` is the rule behind every ``bf16_if_native`` precision
+(train-rm, SFT, eval's ``rm_precision``): bf16 only where the hardware multiplies bf16 natively.
+(Moving tensors to a worker's device lives in ``workers/device.py``.)
 """
 
 from __future__ import annotations
@@ -54,3 +56,27 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[A
     import torch
 
     return torch.autocast(device_type=torch_device_type(device), dtype=torch.bfloat16)
+
+
+BF16_IF_NATIVE = "bf16_if_native"
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` multiplies bf16 natively: a CUDA GPU that supports bf16, or a CPU with
+    avx512_bf16 or AMX tiles. Elsewhere torch emulates bf16 matmuls, and bf16 autocast is slower than
+    float32: on a 2-core AMD EPYC with AVX2 only, train-rm's SmolLM2 steps took 11x as long and its
+    validation 5x (docs/quickstart.md "bf16 only where the CPU has it")."""
+    import torch
+
+    if device.startswith("cuda"):
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own CPUID probes
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def bf16_if_native(precision: str, device: str, *, fallback: str = "fp32") -> str:
+    """``bf16_if_native`` -> ``bf16`` where ``device`` has native bf16 (:func:`native_bf16`), else
+    ``fallback`` (the setting's own name for full precision); other values unchanged."""
+    if precision != BF16_IF_NATIVE:
+        return precision
+    return "bf16" if native_bf16(device) else fallback

@@ -62,7 +62,9 @@ class EvalConfig:
                                               "bf16 autocast (weights stay in dtype), as train-rm's "
                                               "trainer.precision=bf16 trained them; 2-3x faster on GPUs and on "
                                               "CPUs with bf16 matmuls (avx512_bf16, AMX), slower on other CPUs. "
-                                              "Generation is not affected.", choices=("float32", "bf16"))
+                                              "bf16_if_native: bf16 where the device has bf16 "
+                                              "matmuls, else float32. Generation is not affected.",
+                         choices=("float32", "bf16", "bf16_if_native"))
     device: str = field("auto", help="Torch device ('auto': cuda when available, else cpu).")
     out: str = field("runs/eval", help="Output folder (written atomically): results.json, report.md, report.html.")
 

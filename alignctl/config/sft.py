@@ -12,7 +12,7 @@ from pathlib import Path
 from alignctl.config.core import field, section
 from alignctl.errors import UserError
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16_if_native")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
@@ -83,8 +83,10 @@ class SFTTrainerConfig:
     seed: int = field(0, help="Seed for weight init, data order and dropout: equal seeds give equal runs.")
     logging_steps: int = field(10, help="Record the train loss every N optimizer steps.")
     eval_steps: int | None = field(None, help="Also evaluate every N steps (default: before and after training).")
-    precision: str = field("auto", help="Mixed precision: 'auto' = bf16 on a GPU that supports it, else fp32.",
-                           choices=PRECISIONS)
+    precision: str = field("auto", help="Mixed precision: 'auto' = bf16 on a GPU that supports it, else fp32. "
+                                        "bf16_if_native: bf16 also on a CPU with bf16 matmul instructions "
+                                        "(avx512_bf16, AMX), fp32 on other CPUs, where bf16 is several times "
+                                        "slower than fp32.", choices=PRECISIONS)
     gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
     deepspeed: str | None = field(None, help="DeepSpeed JSON config path, passed to the HF Trainer "
                                              "(launch with `accelerate launch` / `deepspeed` for several GPUs).")

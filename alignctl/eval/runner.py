@@ -25,7 +25,7 @@ import numpy as np
 from alignctl.config.core import iter_keys, load_config, to_dict
 from alignctl.config.eval import EvalConfig
 from alignctl.cpu_heap import keep_freed_memory
-from alignctl.device import resolve_device
+from alignctl.device import bf16_if_native, resolve_device
 from alignctl.errors import UserError
 from alignctl.eval import reuse, stats
 from alignctl.eval.accuracy import rule_accuracy
@@ -82,12 +82,18 @@ def generate_all(cfg: EvalConfig, tokenizers: dict[str, Any], ids: dict[str, lis
     return gens, fingerprints, reused, book
 
 
+def scoring_precision(cfg: EvalConfig, device: str) -> str:
+    """``rm_precision`` on ``device``: ``bf16_if_native`` becomes bf16 or float32 here, so the scores
+    (and the reuse key they are stored under) say which one ran."""
+    return bf16_if_native(cfg.rm_precision, device, fallback="float32")
+
+
 @contextlib.contextmanager
 def reward_scorer(cfg: EvalConfig, path: str, device: str, progress: bool) -> Iterator[RewardScorer]:
     """A scorer for the reward model at ``path`` with the eval's settings, closed afterwards."""
     scorer = RewardScorer(path, device=device, dtype=cfg.dtype, batch_size=cfg.rm_batch_size,
                           max_length=cfg.rm_max_length, normalize=cfg.normalize_rewards, progress=progress,
-                          precision=cfg.rm_precision)
+                          precision=scoring_precision(cfg, device))
     try:
         yield scorer
     finally:
@@ -127,7 +133,7 @@ def scored_by(scorer: RewardScorer, key: str, book: reuse.ScoreBook, rows: list[
 
 
 def scorer_key(cfg: EvalConfig, path: str, device: str) -> str:
-    return reuse.scorer_key(path, {"dtype": cfg.dtype, "device": device, "precision": cfg.rm_precision,
+    return reuse.scorer_key(path, {"dtype": cfg.dtype, "device": device, "precision": scoring_precision(cfg, device),
                                    "max_length": cfg.rm_max_length, "normalize": cfg.normalize_rewards})
 
 

@@ -150,7 +150,8 @@ def _train(trainer: Any) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     history = trainer.state.log_history
     metrics = {"timing_s/train": elapsed, "train/steps": float(trainer.state.global_step),
-               "train/processes": float(trainer.args.world_size)}
+               "train/processes": float(trainer.args.world_size),
+               "train/bf16": float(trainer.args.bf16)}  # which one trainer.precision resolved to
     for key in ("loss", "accuracy", "margin"):
         series = common.logged_series(history, key)
         if series:

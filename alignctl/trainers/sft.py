@@ -108,6 +108,7 @@ def _train_and_measure(trainer: Any, has_val: bool) -> dict[str, float]:
     metrics["train/loss_mean"] = float(out.training_loss)
     metrics["train/steps"] = float(trainer.state.global_step)
     metrics["train/processes"] = float(trainer.args.world_size)
+    metrics["train/bf16"] = float(trainer.args.bf16)  # which one trainer.precision resolved to
     if has_val:
         final = trainer.evaluate()
         metrics["val/loss"] = float(final["eval_loss"])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alignctl.cpu_heap import keep_freed_memory
-from alignctl.device import cuda_available
+from alignctl.device import bf16_if_native, cuda_available, native_bf16, resolve_device
 from alignctl.errors import UserError
 from alignctl.models.compat import training_checkpointing_key
 from alignctl.quiet import filter_deepspeed_cpu_notice, no_transformers_bars
@@ -82,12 +82,21 @@ def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
 
 def resolve_precision(precision: str) -> dict[str, bool]:
     """``trainer.precision`` -> bf16/fp16 flags. bf16 autocast on a CPU pays only with bf16 matmul
-    instructions (avx512_bf16 / AMX: 2.5x on SmolLM2, docs/models.md) and costs elsewhere (and on
-    tiny models), so 'auto' only turns it on for a GPU that supports it; CPU users ask for it."""
+    instructions (avx512_bf16 / AMX: 2.5x on SmolLM2, docs/models.md) and costs elsewhere (11x on an
+    AVX2-only CPU) and on tiny models, so 'auto' only turns it on for a GPU that supports it; CPU users ask
+    for it with 'bf16', or with 'bf16_if_native' where the same file must also run well on other CPUs."""
     import torch
 
     if precision == "auto":
         precision = "bf16" if cuda_available() and torch.cuda.is_bf16_supported() else "fp32"
+    device = resolve_device("auto")
+    precision = bf16_if_native(precision, device)
+    if precision == "bf16" and not native_bf16(device):
+        from alignctl.console import console
+
+        console.print("note: trainer.precision=bf16 on a CPU without bf16 matmul instructions runs slower than fp32 "
+                      "(11x per train-rm step measured on AVX2 cores); bf16_if_native picks fp32 on such a CPU",
+                      soft_wrap=True)
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
