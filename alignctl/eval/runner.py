@@ -133,8 +133,9 @@ def scored_by(scorer: RewardScorer, key: str, book: reuse.ScoreBook, rows: list[
 
 
 def scorer_key(cfg: EvalConfig, path: str, device: str) -> str:
-    return reuse.scorer_key(path, {"dtype": cfg.dtype, "device": device, "precision": scoring_precision(cfg, device),
-                                   "max_length": cfg.rm_max_length, "normalize": cfg.normalize_rewards})
+    settings = {"dtype": cfg.dtype, "device": device, "precision": scoring_precision(cfg, device),
+                "max_length": cfg.rm_max_length, "normalize": cfg.normalize_rewards}
+    return reuse.scorer_key(path, settings)
 
 
 def score_all(cfg: EvalConfig, rows: list[PromptRow], gens: dict[str, Generations], pairs: list[PreferencePair] | None,

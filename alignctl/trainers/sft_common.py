@@ -85,13 +85,11 @@ def resolve_precision(precision: str) -> dict[str, bool]:
     instructions (avx512_bf16 / AMX: 2.5x on SmolLM2, docs/models.md) and costs elsewhere (11x on an
     AVX2-only CPU) and on tiny models, so 'auto' only turns it on for a GPU that supports it; CPU users ask
     for it with 'bf16', or with 'bf16_if_native' where the same file must also run well on other CPUs."""
-    import torch
-
-    if precision == "auto":
-        precision = "bf16" if cuda_available() and torch.cuda.is_bf16_supported() else "fp32"
     device = resolve_device("auto")
+    if precision == "auto":
+        precision = "bf16" if device == "cuda" and native_bf16(device) else "fp32"
     precision = bf16_if_native(precision, device)
-    if precision == "bf16" and not native_bf16(device):
+    if precision == "bf16" and device == "cpu" and not native_bf16(device):
         from alignctl.console import console
 
         console.print("note: trainer.precision=bf16 on a CPU without bf16 matmul instructions runs slower than fp32 "
