@@ -8,7 +8,6 @@ wiring with the same file and only size overrides."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -51,9 +50,8 @@ def test_quickstart_runs_end_to_end_then_is_fully_cached(tmp_path: Path, capsys)
         assert (by_name[name].path / "report.html").exists()
     assert "before" in " ".join(by_name["grpo"].metrics) and "after" in " ".join(by_name["grpo"].metrics)
 
-    start = time.perf_counter()
+    # every stage "cached" means no stage ran a step (no wall-clock bound: timed asserts fail on slow CI machines)
     second = run_pipeline(load(REPO_ROOT / "pipelines" / "quickstart_tiny.yaml", [*SMALL, f"workdir={tmp_path / 'work'}"]))
-    assert time.perf_counter() - start < 10
     assert {o.state for o in second} == {"cached"}
     print_summary(second)
     shown = capsys.readouterr().out
