@@ -46,7 +46,7 @@ def _states(outcomes) -> dict[str, str]:
     return {o.name: o.state for o in outcomes}
 
 
-def test_second_run_is_all_cached_and_fast(pipeline):
+def test_second_run_is_all_cached(pipeline):
     first = run_pipeline(load(pipeline, []))
     assert _states(first) == {"data": "ran", "model": "ran", "other": "ran"}
     second = run_pipeline(load(pipeline, []))
