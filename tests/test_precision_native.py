@@ -48,7 +48,8 @@ def test_train_rm_records_the_precision_it_resolved_to(tmp_path: Path) -> None:
     CPU flags list bf16 instructions, and the manifest's train/bf16 says which ran."""
     from alignctl.trainers.reward_model import run_train_rm
     from alignctl.trainers.sft_common import resolve_precision
-    from tests.test_reward_model import make_arith_setup, rm_config
+    from tests.test_reward_model import rm_config
+    from tests.test_sft import make_arith_setup
 
     assert resolve_precision(BF16_IF_NATIVE) == {"bf16": _cpuinfo_has_bf16(), "fp16": False}
     data, model = make_arith_setup(tmp_path / "setup", num_pref=16, num_test=4)
