@@ -233,6 +233,28 @@ def test_parked_reference_and_reward_model_count_only_in_their_pass(tiny: dict[s
     assert not any("offload" in text for text, _ in cpu_changes)
 
 
+def test_a_likelihood_reward_model_is_planned_with_its_output_layer_and_reply_logits(tiny: dict[str, Path],
+                                                                                     tmp_path: Path) -> None:
+    """A causal LM marked as a likelihood reward model: its weights are the causal LM's (output layer, no
+    score head), and its scoring pass adds float32 logits + log-softmax over every reply position:
+    2 x rows x max_response_length x vocab x 4 B (hand-computed from the config's numbers)."""
+    from alignctl.plan import make_plan, model_shape
+
+    folder = tmp_path / "likelihood_rm"
+    shutil.copytree(tiny["model"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["alignctl_reward_kind"] = "likelihood"
+    (folder / "config.json").write_text(json.dumps(config))
+    lm = model_shape(str(tiny["model"]), "lm")
+    rm = ["reward_model.enable=true", "reward_model.micro_batch_size_per_gpu=3"]
+    head, _ = make_plan(_cfg(tiny, *rm, f"reward_model.model.path={tiny['model']}"), device_memory=2**30)
+    likely, _ = make_plan(_cfg(tiny, *rm, f"reward_model.model.path={folder}"), device_memory=2**30)
+    assert likely.roles[2].resident == {"weights": 4 * lm.params}
+    assert likely.roles[2].phases["score"]["reply logits"] == 2 * 3 * 20 * lm.vocab * 4
+    assert "reply logits" not in head.roles[2].phases["score"]
+    assert head.roles[2].phases["score"]["forward"] == likely.roles[2].phases["score"]["forward"]
+
+
 def test_roles_on_their_own_pools_are_sized_for_that_pool_and_peak_apart(tiny: dict[str, Path]) -> None:
     """Placement (trainer.pools / trainer.placement): the critic on a pool of its own is sharded over
     that pool's 4 workers while the actor's 2 workers hold halves; its devices are not the actor's, so

@@ -5,6 +5,7 @@ The model, optimizer and loop sections are the SFT stage's (same keys, same mean
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,6 +44,15 @@ class RewardModelConfig:
     optim: OptimConfig = section(OptimConfig, help="Optimizer.")
     trainer: SFTTrainerConfig = section(SFTTrainerConfig, help="Training loop.")
     output_dir: str = field("runs/reward_model", help="Output reward-model folder (written atomically).")
+    score_from: Literal["head", "likelihood"] = field("head", help="head: a score head on the last token (a "
+                                          "*ForSequenceClassification model, TRL's reward model). likelihood: the causal LM "
+                                          "itself scores a reply by likelihood_beta x its summed log-probability and is trained "
+                                          "by the same Bradley-Terry loss on those scores (no reference model); needs a chat "
+                                          "template, saves a causal LM (alignctl/models/reply_likelihood.py). With "
+                                          "trainer.max_steps=0 nothing trains: the start model's likelihood is evaluated "
+                                          "on the held-out pairs and saved as the reward model.")
+    likelihood_beta: float = field(1.0, help="score_from=likelihood: the reward is this x the reply's summed "
+                                             "log-probability (the temperature of the Bradley-Terry loss).")
     center_rewards_coefficient: float | None = field(None, help="Weight of the mean((r_chosen + r_rejected)^2) "
                                                                "term that centres rewards on 0 (TRL; 0.01 is usual).")
     share_prompt: bool | Literal["auto"] = field("auto", help="Compute the part a pair's chosen and rejected sequences "
@@ -61,7 +71,10 @@ class RewardModelConfig:
         if not self.model.path:
             raise UserError("train-rm: key 'model.path' is required (a Hugging Face model folder)")
         check_model_keys(self.model)
-        check_loop_keys(self.trainer, self.data.max_length, self.optim.lr, self.optim.warmup_ratio)
+        loop = self.trainer
+        if self.score_from == "likelihood" and loop.max_steps == 0:  # score only: the start model as it is
+            loop = dataclasses.replace(loop, max_steps=None)
+        check_loop_keys(loop, self.data.max_length, self.optim.lr, self.optim.warmup_ratio)
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise UserError(f"key 'data.val_fraction' expected a number in [0, 1), got {self.data.val_fraction}")
         if self.data.max_samples is not None and self.data.max_samples <= 0:
@@ -70,6 +83,10 @@ class RewardModelConfig:
             raise UserError(f"key 'data.group_key' expected a column name (or 'column.key'), got {self.data.group_key!r}")
         if self.data.group_key is not None and not self.data.val_files and self.data.val_fraction == 0:
             raise UserError("key 'data.group_key' needs held-out pairs: set data.val_files or data.val_fraction > 0")
+        if self.score_from not in ("head", "likelihood"):
+            raise UserError(f"key 'score_from' expected 'head' or 'likelihood', got {self.score_from!r}")
+        if not self.likelihood_beta > 0:
+            raise UserError(f"key 'likelihood_beta' expected a number > 0, got {self.likelihood_beta}")
         edges = self.calibration_edges
         if any(e <= 0 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
             raise UserError(f"key 'calibration_edges' expected increasing positive numbers, got {edges}")

@@ -9,6 +9,9 @@ and their common start is computed once (:func:`alignctl.models.reward_forward.s
 the same scores to float rounding); on a GPU without flash-attn, right-padded batches instead
 (:func:`~alignctl.models.reward_forward.score_padded`, faster there: ``resolve_packing``).
 
+A likelihood reward model (``train-rm`` with ``score_from: likelihood``, a causal LM) scores a reply by
+``beta`` x its summed log-probability (:mod:`alignctl.models.reply_likelihood`), on right-padded batches.
+
 Identical token sequences are scored once: it saves work when two models agree, and it makes a
 tie a tie (the same sequence in two differently padded batches could differ in the last bit).
 Rewards are standardised with the ``alignctl_reward_mean`` / ``alignctl_reward_std`` train-rm
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,14 +42,21 @@ class RewardScorer:
     def __init__(self, path: str, *, device: str, dtype: str, batch_size: int, max_length: int | None,
                  normalize: bool, progress: bool, precision: str = "float32") -> None:
         from alignctl.models.attention import AUTO, resolve_attn_implementation, resolve_packing
-        from alignctl.models.loading import load_reward_model, load_tokenizer
+        from alignctl.models.loading import load_causal_lm, load_reward_model, load_tokenizer
+        from alignctl.models.reward_kind import is_likelihood_reward_folder, likelihood_settings
 
         self.tokenizer = load_tokenizer(path, padding_side="right")
-        # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed;
-        # right-padded batches on a GPU without flash-attn (faster there, resolve_packing).
-        self.packed = resolve_packing(AUTO, device=device)
-        attn = resolve_attn_implementation("auto", device=device, packing=self.packed)
-        self.model = load_reward_model(path, dtype=dtype, attn_implementation=attn).to(device).eval()
+        if is_likelihood_reward_folder(path):  # a causal LM scoring replies by their likelihood
+            self.packed = False
+            attn = resolve_attn_implementation("auto", device=device, packing=False)
+            self.model = load_causal_lm(path, dtype=dtype, attn_implementation=attn).to(device).eval()
+        else:
+            # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed;
+            # right-padded batches on a GPU without flash-attn (faster there, resolve_packing).
+            self.packed = resolve_packing(AUTO, device=device)
+            attn = resolve_attn_implementation("auto", device=device, packing=self.packed)
+            self.model = load_reward_model(path, dtype=dtype, attn_implementation=attn).to(device).eval()
+        self.likelihood = likelihood_settings(self.model.config)  # (reply marker, beta) or None
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.device = device
@@ -113,12 +124,23 @@ class RewardScorer:
         with torch.inference_mode(), autocast(self.device, self.precision):
             for start in track(starts, description, enabled=None if self.progress else False):
                 end = start + self.batch_size
-                if self.packed:
+                if self.likelihood is not None:
+                    scores = self._likelihood_batch(sequences[start:end], pad)
+                elif self.packed:
                     scores = score_shared_prompts(self.model, sequences[start:end], prompt_lengths[start:end], pad)
                 else:
                     scores = score_padded(self.model, sequences[start:end], pad)
                 out.extend(float(v) for v in scores.cpu())
         return out
+
+    def _likelihood_batch(self, sequences: list[list[int]], pad: int) -> Any:
+        from alignctl.models.reply_likelihood import likelihood_scores
+        from alignctl.models.reward_forward import reply_layout
+
+        assert self.likelihood is not None
+        marker, beta = self.likelihood
+        ids, mask, _ = reply_layout(sequences, [0] * len(sequences), pad)  # right-padded rows
+        return likelihood_scores(self.model, ids.to(self.device), mask.to(self.device), marker, beta)
 
     def close(self) -> None:
         import torch

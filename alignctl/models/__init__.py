@@ -8,6 +8,8 @@ Submodules (import them directly; this package imports nothing heavy):
 - ``attention``  block-diagonal masks and the ``alignctl_segment_sdpa`` attention implementation
 - ``forward``    compute_log_probs / compute_values, padded or packed (remove padding)
 - ``reward_forward`` score_shared_prompts: reward scores with a shared prompt computed once
+- ``reply_likelihood`` a causal LM as a reward model: beta x a reply's summed log-probability
+- ``reward_kind`` which kind of reward model a folder holds (config keys only, no torch)
 - ``microbatch`` fixed and token-budgeted micro-batches, balance_batch, restore_order
 - ``blocks``     transformer_blocks: the repeated blocks (FSDP2 wrap units, freeze_layers)
 """

@@ -27,8 +27,8 @@ import torch
 from alignctl.models.forward import attention_inputs, pack_for_model, pack_padded
 from alignctl.models.loading import last_token_index, position_ids_from_mask, score_last_token
 
-__all__ = ["common_prefix_length", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout", "score_padded",
-           "score_shared_prompts", "use_last_token_forward", "use_shared_prompt_forward"]
+__all__ = ["common_prefix_length", "forward_from_scores", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout",
+           "score_padded", "score_shared_prompts", "use_last_token_forward", "use_shared_prompt_forward"]
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -141,7 +141,7 @@ def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int |
         sequences = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
         return score_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id, max_tokens_per_row)
 
-    _forward_from_scores(model, scores)
+    forward_from_scores(model, scores)
 
 
 def use_last_token_forward(model: Any) -> None:
@@ -152,10 +152,10 @@ def use_last_token_forward(model: Any) -> None:
     plain text) that pooling reads the token before the eos, while eval's and PPO's scorers and the
     shared-prompt forward read the eos itself: a reward model trained padded would be scored at a
     position it never trained. Patched on the instance like :func:`use_shared_prompt_forward`."""
-    _forward_from_scores(model, score_last_token)
+    forward_from_scores(model, score_last_token)
 
 
-def _forward_from_scores(model: Any, scores: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+def forward_from_scores(model: Any, scores: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     """Replace ``model.forward`` on the instance by ``scores(model, input_ids, attention_mask)`` [B]
     wrapped as transformers' classifier output, as a bound method (accelerate's mixed-precision
     wrapper wraps it like the class's own forward)."""

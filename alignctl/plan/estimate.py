@@ -14,6 +14,7 @@ from alignctl.config.placement import pool_shapes
 from alignctl.config.rl import RLConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
+from alignctl.models.reward_kind import is_likelihood_reward_folder
 from alignctl.plan import memory as mem
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -82,7 +83,8 @@ def model_shapes(cfg: RLConfig) -> dict[str, mem.ModelShape]:
     if cfg.use_critic:
         shapes["critic"] = model_shape(str(cfg.critic.model.path or arr.model.path), "value")
     if cfg.reward_model.enable:
-        shapes["reward"] = model_shape(str(cfg.reward_model.model.path), "score")
+        path = str(cfg.reward_model.model.path)
+        shapes["reward"] = model_shape(path, "lm" if is_likelihood_reward_folder(path) else "score")
     return shapes
 
 
@@ -227,6 +229,9 @@ def _reward(cfg: RLConfig, shape: mem.ModelShape, world: int, p: int, c: int) ->
     role = mem.RoleMemory("reward")
     weights = shape.params * p  # replicated on every worker
     role.phases["score"] = {"forward": mem.forward_bytes(shape, rows * length, c)}
+    if is_likelihood_reward_folder(str(cfg.reward_model.model.path)):
+        # A likelihood reward model: float32 logits and their log-softmax at every reply position.
+        role.phases["score"]["reply logits"] = 2 * rows * cfg.data.max_response_length * shape.vocab * 4
     if cfg.reward_model.model.fsdp_config.param_offload and resolve_device(cfg.trainer.device) == "cuda":
         # In CPU memory between scoring passes: on the device only during its own phase (a worker
         # runs one role call at a time, so no other phase's transient memory is there with it).

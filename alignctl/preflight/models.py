@@ -15,6 +15,7 @@ from typing import Literal
 from alignctl.errors import UserError
 from alignctl.hub import hub_problem, is_network_problem
 from alignctl.models.loading import TOKENIZER_FILES, looks_local
+from alignctl.models.reward_kind import is_likelihood_reward_folder
 from alignctl.preflight.context import Context
 
 Kind = Literal["causal", "reward", "critic", "tokenizer"]
@@ -41,10 +42,13 @@ def _check_kind(folder: Path, key: str, kind: Kind) -> None:
         raise UserError(f"{key} {folder}: no config.json; expected a Hugging Face model folder")
     archs = _architectures(folder, key)
     scored = [a for a in archs if a.endswith("ForSequenceClassification")]
+    if kind == "reward" and not scored and is_likelihood_reward_folder(folder):
+        return  # a causal LM that scores replies by their likelihood (train-rm score_from=likelihood)
     if kind == "reward" and not scored:
         found = ", ".join(archs) or "no architecture recorded"
         raise UserError(f"{key} {folder}: not a reward model ({found}); expected a sequence classifier with a "
-                        f"score head, e.g. a train-rm output (a plain causal LM would score with a random head)")
+                        f"score head, e.g. a train-rm output (a plain causal LM would score with a random head; "
+                        f"train-rm score_from=likelihood makes one that scores replies by their likelihood)")
     if kind == "causal" and archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
                                               for a in archs):
         raise UserError(f"{key} {folder}: {', '.join(archs)} is not a causal language model; expected a policy "

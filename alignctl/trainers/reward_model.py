@@ -9,6 +9,11 @@ reward distribution and a calibration table, stores the reward mean/std in the s
 config (``alignctl_reward_mean`` / ``alignctl_reward_std``) for later normalisation, and writes
 an atomic HF folder artifact.
 
+``score_from: likelihood`` trains the causal LM itself as the reward model: TRL gets the model
+instance with a forward that returns ``beta`` x each reply's summed log-probability
+(:mod:`alignctl.models.reply_likelihood`), the same Bradley-Terry loss applies, and the saved folder
+is a causal LM marked as a likelihood reward model (:mod:`alignctl.models.reward_kind`).
+
 Multi-GPU: as for ``alignctl sft`` (``accelerate launch`` / ``torchrun``, ``trainer.deepspeed``,
 ``trainer.fsdp``); on CPU one process.
 """
@@ -87,26 +92,55 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     from alignctl.models.attention import resolve_attn_implementation, resolve_share_prompt
 
     device = resolve_device()
-    share = resolve_share_prompt(cfg.share_prompt, device=device, packing=True)
+    likelihood = cfg.score_from == "likelihood"
+    # A likelihood reward model scores padded rows (its output layer reads every reply token).
+    share = False if likelihood else resolve_share_prompt(cfg.share_prompt, device=device, packing=True)
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device=device, packing=share)
     kwargs = common.training_kwargs(cfg, scratch, has_eval=val is not None, max_length=cfg.data.max_length,
                                     attn_implementation=attn)
+    where = f"train-rm: model.path '{cfg.model.path}'"
+    model: Any = cfg.model.path  # TRL loads it as a sequence classifier with a new score head
+    if likelihood:
+        kwargs["model_init_kwargs"] = None
+        if kwargs["max_steps"] == 0:  # nothing trains (train_reward_model skips it); transformers wants >= -1
+            kwargs["max_steps"] = -1
+        model = _likelihood_model(cfg, tokenizer, attn, where)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)
     trainer = common.make_trainer(
-        lambda: trl.RewardTrainer(model=cfg.model.path, args=args, train_dataset=train, eval_dataset=val,
+        lambda: trl.RewardTrainer(model=model, args=args, train_dataset=train, eval_dataset=val,
                                   processing_class=tokenizer,
                                   callbacks=[common.progress_callback(progress, "train-rm")]),
-        f"train-rm: model.path '{cfg.model.path}'")
+        where)
     common.drop_printer_callback(trainer)
     from alignctl.models.blocks import freeze_bottom_layers
-    freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, f"train-rm: model.path '{cfg.model.path}'")
+    freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, where)
     from alignctl.models.reward_forward import use_last_token_forward, use_shared_prompt_forward
-    if share:
+    if share:  # (a likelihood model's forward already returns its scores: _likelihood_model)
         pad = tokenizer.pad_token_id
         use_shared_prompt_forward(trainer.model, int(pad) if pad is not None else 0)  # pads are never read
-    else:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
+    elif not likelihood:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
         use_last_token_forward(trainer.model)
     return trainer
+
+
+def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: str) -> Any:
+    """The start checkpoint as a causal LM whose forward returns ``beta`` x each reply's summed
+    log-probability (:mod:`alignctl.models.reply_likelihood`), marked as such in its config."""
+    from alignctl.models.loading import load_causal_lm
+    from alignctl.models.reply_likelihood import reply_marker, use_likelihood_forward
+    from alignctl.models.reward_kind import mark_likelihood_reward_model
+
+    marker = reply_marker(tokenizer)
+    if not marker:
+        raise UserError(f"{where}: score_from=likelihood needs a tokenizer whose chat template opens an assistant "
+                        "turn (add_generation_prompt), to find where each reply starts; this one has none")
+    model = common.make_trainer(lambda: load_causal_lm(cfg.model.path, dtype=cfg.model.dtype, attn_implementation=attn,
+                                                       trust_remote_code=cfg.model.trust_remote_code), where)
+    mark_likelihood_reward_model(model.config, marker, cfg.likelihood_beta)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    use_likelihood_forward(model, marker, cfg.likelihood_beta)
+    return model
 
 
 def _filtered_counts(trainer: Any, train: datasets.Dataset, val: datasets.Dataset | None,
@@ -205,7 +239,10 @@ def train_reward_model(cfg: RewardModelConfig, train_raw: datasets.Dataset, val_
             filtered = _filtered_counts(trainer, train, val, cfg.data.max_length)
             metrics = {"train/pairs": float(len(trainer.train_dataset)),
                        **{f"{s}/filtered_pairs": float(n) for s, n in filtered.items()}}
-            metrics.update(_train(trainer))
+            if cfg.trainer.max_steps == 0:  # score_from=likelihood only (validate): the start model as it is
+                metrics.update({"timing_s/train": 0.0, "train/steps": 0.0})
+            else:
+                metrics.update(_train(trainer))
             eval_metrics, table, scored = _evaluate(trainer, cfg, val is not None)
             metrics.update(eval_metrics)
             groups = _group_table(labels, scored)

@@ -1,0 +1,97 @@
+"""A causal language model used as a reward model: a reply's reward is ``beta`` times its summed
+log-probability under the model (``train-rm`` key ``score_from: likelihood``).
+
+Why: a Bradley-Terry head on the last token of a small model learns what a reply looks like, not
+whether its arithmetic is right, while the model's own next-token distribution already holds the
+arithmetic (on the quickstart's pairs the SFT model's likelihood ranked 94% of the held-out pairs
+right, a score head trained on top of it 67-71%; docs/quickstart.md). Trained with the same
+Bradley-Terry loss on ``beta x`` summed log-probabilities (a preference loss with no reference model,
+as in CPO and SimPO), the model stays a causal LM: the saved folder is a ``*ForCausalLM`` whose
+config records ``alignctl_reward_kind: likelihood``, the reply marker and ``beta``. Every scorer (PPO's
+reward worker, eval, audit) reads those keys and scores the same way.
+
+The reply is what follows the last occurrence of the chat template's assistant header (its
+generation prompt, e.g. ``<|im_start|>assistant\\n``), so the end-of-turn tokens count as part of
+it. The marker is found in the token ids themselves, so a padded batch of full conversations, as
+TRL's reward collator builds it, needs no side information. A row without the marker (cut from the
+left by a length limit) is scored from its second token: prompt tokens then count, which a pair of
+replies to one prompt share. Log-probabilities are computed only for the columns at and after the
+earliest reply start of the batch: on the quickstart's pairs the prompt is two thirds of a sequence,
+and the output layer (vocabulary 49152) is a fifth of a forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from alignctl.models.loading import position_ids_from_mask
+from alignctl.models.reward_forward import forward_from_scores
+
+__all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_start", "use_likelihood_forward"]
+
+_PROBE = [{"role": "user", "content": "?"}]
+
+
+def _ids(encoded: Any) -> list[int]:
+    return [int(t) for t in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]
+
+
+def reply_marker(tokenizer: Any) -> list[int]:
+    """The token ids a chat template writes before an assistant reply (what
+    ``add_generation_prompt`` adds); empty when the tokenizer has no chat template or adds nothing."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    closed = _ids(tokenizer.apply_chat_template(_PROBE, add_generation_prompt=False, tokenize=True))
+    opened = _ids(tokenizer.apply_chat_template(_PROBE, add_generation_prompt=True, tokenize=True))
+    shared = 0
+    while shared < min(len(closed), len(opened)) and closed[shared] == opened[shared]:
+        shared += 1
+    return opened[shared:]
+
+
+def reply_start(sequence: Sequence[int], marker: Sequence[int]) -> int:
+    """Index of the first reply token: just after the last ``marker`` in ``sequence``; 1 when the
+    marker is absent (token 0 has no context to be predicted from), at most ``len - 1``."""
+    width = len(marker)
+    start = 1
+    if width:
+        for i in range(len(sequence) - width, -1, -1):
+            if list(sequence[i:i + width]) == list(marker):
+                start = i + width
+                break
+    return max(1, min(start, len(sequence) - 1))
+
+
+def reply_log_prob_sums(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        starts: Sequence[int]) -> torch.Tensor:
+    """Summed log-probability [B] (float32, differentiable) of each right-padded row's tokens from
+    ``starts[i]`` to its last attended token, under the causal LM ``model``."""
+    device = input_ids.device
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+    first = max(min(starts) - 1, 0)  # column t predicts token t + 1: nothing before the earliest start - 1 is needed
+    logits = model.get_output_embeddings()(hidden[:, first:-1]).float()
+    targets = input_ids[:, first + 1:]
+    token_logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    columns = torch.arange(first + 1, input_ids.shape[1], device=device)
+    begin = torch.as_tensor(list(starts), device=device)
+    counted = (columns[None, :] >= begin[:, None]) & attention_mask[:, first + 1:].bool()
+    return (token_logp * counted).sum(dim=-1)
+
+
+def likelihood_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      marker: Sequence[int], beta: float) -> torch.Tensor:
+    """Rewards [B]: ``beta`` x the summed log-probability of each row's reply (module docstring)."""
+    starts = [reply_start(row[keep].tolist(), marker) for row, keep in zip(input_ids, attention_mask.bool())]
+    return beta * reply_log_prob_sums(model, input_ids, attention_mask, starts)
+
+
+def use_likelihood_forward(model: Any, marker: Sequence[int], beta: float) -> None:
+    """Make ``model(input_ids, attention_mask)`` of a causal LM return :func:`likelihood_scores` as a
+    classifier's ``logits`` [B, 1], the form ``trl.RewardTrainer`` trains. Patched on the instance;
+    the saved folder stays a plain causal LM."""
+    saved = list(marker)
+    forward_from_scores(model, lambda m, ids, mask: likelihood_scores(m, ids, mask, saved, beta))
