@@ -134,8 +134,9 @@ def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: 
     if not marker:
         raise UserError(f"{where}: score_from=likelihood needs a tokenizer whose chat template opens an assistant "
                         "turn (add_generation_prompt), to find where each reply starts; this one has none")
-    model = common.make_trainer(lambda: load_causal_lm(cfg.model.path, dtype=cfg.model.dtype, attn_implementation=attn,
-                                                       trust_remote_code=cfg.model.trust_remote_code), where)
+    # load_causal_lm's own errors are one line naming the folder
+    model = load_causal_lm(cfg.model.path, dtype=cfg.model.dtype, attn_implementation=attn,
+                           trust_remote_code=cfg.model.trust_remote_code)
     mark_likelihood_reward_model(model.config, marker, cfg.likelihood_beta)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
