@@ -83,8 +83,6 @@ class RewardModelConfig:
             raise UserError(f"key 'data.group_key' expected a column name (or 'column.key'), got {self.data.group_key!r}")
         if self.data.group_key is not None and not self.data.val_files and self.data.val_fraction == 0:
             raise UserError("key 'data.group_key' needs held-out pairs: set data.val_files or data.val_fraction > 0")
-        if self.score_from not in ("head", "likelihood"):
-            raise UserError(f"key 'score_from' expected 'head' or 'likelihood', got {self.score_from!r}")
         if not self.likelihood_beta > 0:
             raise UserError(f"key 'likelihood_beta' expected a number > 0, got {self.likelihood_beta}")
         edges = self.calibration_edges

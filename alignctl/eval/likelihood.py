@@ -49,17 +49,15 @@ def reply_log_probs(model: Any, rows: list[tuple[list[int], int]], pad_id: int) 
     import torch
 
     from alignctl.batch import pad_rows
-    from alignctl.models.loading import position_ids_from_mask
+    from alignctl.models.reply_likelihood import token_log_probs_from
 
     device = next(model.parameters()).device
     ids, mask = pad_rows([r[0] for r in rows], pad_id)
-    ids, mask = ids.to(device), mask.to(device)
+    first = min(start for _, start in rows) - 1  # starts are >= 1 (encode_pair)
     with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                       use_cache=False).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-    # Column t of logp predicts token t + 1: the reply tokens start .. len-1 sit in columns start-1 .. len-2.
-    return [logp[i, start - 1:len(seq) - 1].cpu().numpy().copy() for i, (seq, start) in enumerate(rows)]
+        logp = token_log_probs_from(model, ids.to(device), mask.to(device), first)
+    # Column t of logp is token first + 1 + t: the reply tokens start .. len-1 sit in columns start-first-1 ..
+    return [logp[i, start - first - 1:len(seq) - first - 1].cpu().numpy().copy() for i, (seq, start) in enumerate(rows)]
 
 
 def plain_encoder(tokenizer: Any) -> Any:

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from alignctl.models.loading import position_ids_from_mask
-from alignctl.models.reward_forward import forward_from_scores
+from alignctl.models.reward_forward import common_prefix_length, forward_from_scores
 
-__all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_start", "use_likelihood_forward"]
+__all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_start", "token_log_probs_from",
+           "use_likelihood_forward"]
 
 _PROBE = [{"role": "user", "content": "?"}]
 
@@ -46,10 +47,7 @@ def reply_marker(tokenizer: Any) -> list[int]:
         return []
     closed = _ids(tokenizer.apply_chat_template(_PROBE, add_generation_prompt=False, tokenize=True))
     opened = _ids(tokenizer.apply_chat_template(_PROBE, add_generation_prompt=True, tokenize=True))
-    shared = 0
-    while shared < min(len(closed), len(opened)) and closed[shared] == opened[shared]:
-        shared += 1
-    return opened[shared:]
+    return opened[common_prefix_length(closed, opened):]
 
 
 def reply_start(sequence: Sequence[int], marker: Sequence[int]) -> int:
@@ -65,17 +63,24 @@ def reply_start(sequence: Sequence[int], marker: Sequence[int]) -> int:
     return max(1, min(start, len(sequence) - 1))
 
 
+def token_log_probs_from(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         first: int) -> torch.Tensor:
+    """Log-probability [B, S - first - 1] (float32, differentiable) of tokens ``first + 1 .. S - 1``
+    of each padded row under the causal LM ``model``: column t of the result is token ``first + 1 + t``.
+    The output layer runs only on the positions that predict them (it is large: vocabulary x hidden)."""
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[:, first:-1]).float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, first + 1:, None])[..., 0]
+
+
 def reply_log_prob_sums(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         starts: Sequence[int]) -> torch.Tensor:
     """Summed log-probability [B] (float32, differentiable) of each right-padded row's tokens from
     ``starts[i]`` to its last attended token, under the causal LM ``model``."""
     device = input_ids.device
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
-    first = max(min(starts) - 1, 0)  # column t predicts token t + 1: nothing before the earliest start - 1 is needed
-    logits = model.get_output_embeddings()(hidden[:, first:-1]).float()
-    targets = input_ids[:, first + 1:]
-    token_logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    first = max(min(starts) - 1, 0)  # position t predicts token t + 1: nothing before the earliest start - 1 is needed
+    token_logp = token_log_probs_from(model, input_ids, attention_mask, first)
     columns = torch.arange(first + 1, input_ids.shape[1], device=device)
     begin = torch.as_tensor(list(starts), device=device)
     counted = (columns[None, :] >= begin[:, None]) & attention_mask[:, first + 1:].bool()
