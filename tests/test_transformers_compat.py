@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from alignctl.models.compat import cache_kwargs, enable_activation_checkpointing
+from alignctl.models.compat import cache_kwargs, chat_token_ids, enable_activation_checkpointing
 from alignctl.rollout import SamplingParams
 from alignctl.rollout.hf_engine import HFRolloutEngine
 
@@ -82,3 +82,16 @@ def test_activation_checkpointing_is_on_silently_and_keeps_the_gradients() -> No
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_chat_token_ids_are_the_ids_of_the_rendered_conversation() -> None:
+    from alignctl.models.tiny import train_char_tokenizer, wrap_tokenizer
+
+    tokenizer = wrap_tokenizer(train_char_tokenizer(["What is 2 + 3? #### 5 user assistant system"]))
+    messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "#### 5"}]
+    # Reference: render the template to text, then encode that text (the template writes its own specials).
+    for kwargs in ({}, {"add_generation_prompt": True}):
+        text = tokenizer.apply_chat_template(messages[:1] if kwargs else messages, tokenize=False, **kwargs)
+        expected = tokenizer.encode(text, add_special_tokens=False)
+        got = chat_token_ids(tokenizer, messages[:1] if kwargs else messages, **kwargs)
+        assert got == expected and len(got) > len("What is 2 + 3?") and all(type(t) is int for t in got)

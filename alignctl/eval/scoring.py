@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from alignctl.console import track
+from alignctl.models.compat import chat_token_ids
 from alignctl.models.reward_forward import group_prompt_lengths
 
 # The keys alignctl.trainers.reward_model writes into the saved config (tests check they agree).
@@ -72,8 +73,7 @@ class RewardScorer:
     def encode(self, prompt: Messages, reply: Messages) -> list[int]:
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(prompt + reply, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = chat_token_ids(tok, prompt + reply)
         else:
             text = "".join(m["content"] for m in prompt) + "".join(m["content"] for m in reply)
             ids = tok(text + (tok.eos_token or ""))["input_ids"]

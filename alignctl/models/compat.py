@@ -67,3 +67,10 @@ def training_checkpointing_key() -> str:
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+    """``tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)`` as a list of ints:
+    transformers 5 returns a ``BatchEncoding`` there, 4.x returned the list itself."""
+    encoded = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+    return [int(t) for t in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]

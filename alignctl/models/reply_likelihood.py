@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from alignctl.models.compat import chat_token_ids
 from alignctl.models.loading import position_ids_from_mask
 from alignctl.models.reward_forward import common_prefix_length, forward_from_scores
 
@@ -36,17 +37,13 @@ __all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_st
 _PROBE = [{"role": "user", "content": "?"}]
 
 
-def _ids(encoded: Any) -> list[int]:
-    return [int(t) for t in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]
-
-
 def reply_marker(tokenizer: Any) -> list[int]:
     """The token ids a chat template writes before an assistant reply (what
     ``add_generation_prompt`` adds); empty when the tokenizer has no chat template or adds nothing."""
     if not getattr(tokenizer, "chat_template", None):
         return []
-    closed = _ids(tokenizer.apply_chat_template(_PROBE, add_generation_prompt=False, tokenize=True))
-    opened = _ids(tokenizer.apply_chat_template(_PROBE, add_generation_prompt=True, tokenize=True))
+    closed = chat_token_ids(tokenizer, _PROBE, add_generation_prompt=False)
+    opened = chat_token_ids(tokenizer, _PROBE, add_generation_prompt=True)
     return opened[common_prefix_length(closed, opened):]
 
 

@@ -14,15 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from alignctl.models.compat import chat_token_ids
 from alignctl.tools.base import ToolResult
 
 CALL_FORMAT = ('To call a tool, write <tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
                '</tool_call> and end your turn; the result comes back as a message from the tool.')
 _DUMMY = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-
-
-def _ids(encoded: Any) -> list[int]:
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
 def template_knows_tools(tokenizer: Any) -> bool:
@@ -48,7 +45,7 @@ def with_tools(messages: list[dict[str, Any]], schemas: list[dict[str, Any]], to
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[int]:
     messages, extra = with_tools(messages, schemas, tokenizer)
-    return _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra))
+    return chat_token_ids(tokenizer, messages, add_generation_prompt=True, **extra)
 
 
 class ToolTurns:
@@ -56,7 +53,7 @@ class ToolTurns:
 
     def __init__(self, tokenizer: Any, stop_ids: tuple[int, ...]) -> None:
         self.tokenizer = tokenizer
-        closed = _ids(tokenizer.apply_chat_template(_DUMMY, tokenize=True))
+        closed = chat_token_ids(tokenizer, _DUMMY)
         # The model's turn ends at its stop token; whatever the template writes after it (a newline)
         # belongs to the inserted part.
         ends = [i for i, t in enumerate(closed) if t in stop_ids]
@@ -68,7 +65,7 @@ class ToolTurns:
 
     def ids(self, results: list[ToolResult]) -> list[int]:
         messages = [*_DUMMY, *({"role": "tool", "name": r.name, "content": r.content} for r in results)]
-        opened = _ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        opened = chat_token_ids(self.tokenizer, messages, add_generation_prompt=True)
         if opened[:len(self._closed)] != self._closed:
             raise ValueError("the chat template renders earlier turns differently once a tool message follows; "
                              "token-exact multi-turn needs a template that only appends")
