@@ -231,14 +231,17 @@ def _zero3_reference_check(rank: int, assets: dict[str, Path], run_dir: str) -> 
     from alignctl.workers.group import DistContext
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2", DS_ACCELERATOR_LOG_LEVEL="error")
-    out = {}
+    out, batch = {}, None
     for offload in ("false", "true"):
         cfg = rl_config(assets, Path(run_dir) / offload, "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=deepspeed",
                         "actor_rollout_ref.actor.deepspeed.zero_stage=3", "actor_rollout_ref.actor.deepspeed.param_persistence_threshold=0",
                         f"actor_rollout_ref.ref.fsdp_config.param_offload={offload}", "actor_rollout_ref.actor.use_kl_loss=true")
         worker = ActorRolloutRefWorker(DistContext(rank, 2, "cpu", "gloo"), to_dict(cfg), total_steps=1)
         offloaded = worker.policy.ref_engine.ds.zero_offload_param()  # DeepSpeed's own reading of its config
-        batch = worker.generate_sequences(prompt_batch(assets, 2, first=2 * rank))
+        # One rollout (ZeRO-3 generation gathers every layer's parameters for every token: the slow part),
+        # scored by both reference engines, so the comparison is on the very same tokens.
+        if batch is None:
+            batch = worker.generate_sequences(prompt_batch(assets, 2, first=2 * rank))
         out[offload] = (getattr(offloaded, "device", None), worker.compute_ref_log_prob(batch)["ref_log_prob"])
     (plain_device, plain), (off_device, off) = out["false"], out["true"]
     return f"{plain_device} {str(off_device).split('.')[-1].lower()} {float((plain - off).abs().max())}"
