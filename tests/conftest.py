@@ -14,6 +14,8 @@ os.environ.setdefault("ALIGNCTL_HOME", os.path.join(__import__("tempfile").mkdte
 
 import contextlib
 import io
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +65,19 @@ def assert_user_error(result: CliResult, *needles: str) -> None:
 
 @pytest.fixture(scope="session")
 def tool_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny model fitted to tool-use traces (tests/tool_helpers.py), built once per session."""
+    """A tiny model fitted to tool-use traces (tests/tool_helpers.py), built once per test run: under
+    pytest-xdist the worker that comes first builds it in the run's shared temp folder (the parent of
+    each worker's own) while the others wait on a file lock, instead of each fitting its own (~80 s)."""
+    from filelock import FileLock
     from tool_helpers import make_tool_model
 
-    return make_tool_model(tmp_path_factory.mktemp("tool-model"))
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    root, complete = shared / "tool-model-shared", shared / "tool-model-shared.complete"
+    with FileLock(str(shared / "tool-model-shared.lock")):
+        if not complete.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a half-built folder of a worker that crashed
+            built = make_tool_model(root)
+            complete.write_text(json.dumps({k: str(v) for k, v in built.items()}), encoding="utf-8")
+    return {k: Path(v) for k, v in json.loads(complete.read_text(encoding="utf-8")).items()}

@@ -114,7 +114,9 @@ def test_python_tool_runs_code_and_cuts_long_output():
 ])
 def test_python_tool_contains(code, needle, tmp_path):
     outside = tmp_path / "outside.txt"
-    assert needle in run_python(code)
+    # A wall limit far above the 5 s CPU limit: on loaded cores (two test files at a time beside their
+    # Ray workers) the endless loop got its CPU seconds too slowly and met the default 7 s wall limit first.
+    assert needle in run_python(code, wall_seconds=60)
     assert "outside the working folder is not allowed" in run_python(f"open({str(outside)!r}, 'w').write('x')")
     assert not outside.exists() and not Path("/tmp/alignctl_escape").exists()
 
