@@ -90,8 +90,8 @@ def test_chat_token_ids_are_the_ids_of_the_rendered_conversation() -> None:
     tokenizer = wrap_tokenizer(train_char_tokenizer(["What is 2 + 3? #### 5 user assistant system"]))
     messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "#### 5"}]
     # Reference: render the template to text, then encode that text (the template writes its own specials).
-    for kwargs in ({}, {"add_generation_prompt": True}):
-        text = tokenizer.apply_chat_template(messages[:1] if kwargs else messages, tokenize=False, **kwargs)
+    for conversation, kwargs in ((messages, {}), (messages[:1], {"add_generation_prompt": True})):
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
         expected = tokenizer.encode(text, add_special_tokens=False)
-        got = chat_token_ids(tokenizer, messages[:1] if kwargs else messages, **kwargs)
+        got = chat_token_ids(tokenizer, conversation, **kwargs)
         assert got == expected and len(got) > len("What is 2 + 3?") and all(type(t) is int for t in got)

@@ -76,8 +76,7 @@ class RewardScorer:
             ids = chat_token_ids(tok, prompt + reply)
         else:
             text = "".join(m["content"] for m in prompt) + "".join(m["content"] for m in reply)
-            ids = tok(text + (tok.eos_token or ""))["input_ids"]
-        ids = [int(t) for t in ids]
+            ids = [int(t) for t in tok(text + (tok.eos_token or ""))["input_ids"]]
         if self.max_length is not None and len(ids) > self.max_length:
             self.truncated += 1
             ids = ids[-self.max_length:]  # the end holds the response the score is about
