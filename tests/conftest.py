@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,26 @@ def run_cli(*args: str) -> CliResult:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+_RAY_ADDRESS_AT_START = os.environ.get("RAY_ADDRESS")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_session_outlives_its_test_file():
+    """Each test file starts without a Ray connection or a RAY_ADDRESS another file left behind, so a
+    file passes in any order and beside any other (pytest-xdist's ``--dist loadfile`` deals files to
+    workers as they free up): a placement test once took the join-a-cluster path because an earlier
+    file in its worker had left Ray connected."""
+    yield
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        from alignctl.workers.group import shutdown_ray
+
+        shutdown_ray()
+    if _RAY_ADDRESS_AT_START is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = _RAY_ADDRESS_AT_START
 
 
 @pytest.fixture
