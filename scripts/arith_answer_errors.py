@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ STEP = re.compile(r"(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)")
 FINAL = re.compile(r"####\s*(-?\d+)")
 RESULT_DIGITS = re.compile(r"(?:=|####)\s*(-?\d+)")
 KINDS = ("right", "slip", "plan", "no_final")
+
+
+class InputError(Exception):
+    """Bad input: main prints it as one line and exits with status 2."""
 
 
 def final_number(answer: str) -> str | None:
@@ -67,7 +72,7 @@ def result_spans(answer: str) -> list[tuple[int, int]]:
 
 
 def pair_verdicts(policy: list[float], reference: list[float], policy_right: list[bool],
-                  reference_right: list[bool]) -> dict[str, float]:
+                  reference_right: list[bool]) -> dict[str, float | int]:
     """Win rate of the policy by the scores (ties half), and the share of pairs with exactly one right
     answer where the right one scores higher (ties half)."""
     wins, agree, decisive = 0.0, 0.0, 0
@@ -96,6 +101,8 @@ class ResultDigitScorer:
         torch = self.torch
         text = self.tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": answer}], tokenize=False)
         offset = text.rfind(answer)
+        if offset < 0:  # the template rewrote the reply (stripped it, say): its digits cannot be located
+            raise InputError(f"the chat template of the likelihood model does not keep the answer {answer!r} as written")
         spans = [(a + offset, b + offset) for a, b in result_spans(answer)]
         encoded = self.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
         ids = torch.tensor([encoded["input_ids"]])
@@ -108,8 +115,14 @@ class ResultDigitScorer:
 
 
 def analyse(eval_dir: Path, scorer: ResultDigitScorer | None) -> dict[str, Any]:
+    """Error kinds of the first answer per prompt of the policy and the reference (and their
+    result-digit verdicts when ``scorer`` is given), as one JSON-ready dict."""
     import pandas as pd
+    from rich.progress import track
 
+    missing = [name for name in ("manifest.json", "generations.json") if not (eval_dir / name).is_file()]
+    if missing:
+        raise InputError(f"'{eval_dir}' has no {' or '.join(missing)}; expected an alignctl eval output folder")
     manifest = json.loads((eval_dir / "manifest.json").read_text())
     prompts = pd.read_parquet(manifest["config"]["prompts"])
     truths = [str(row["ground_truth"]) for row in prompts["reward_model"]]
@@ -121,7 +134,8 @@ def analyse(eval_dir: Path, scorer: ResultDigitScorer | None) -> dict[str, Any]:
         report[who] = {kind: kinds.get(kind, 0) for kind in KINDS}
     if scorer is not None:
         chats = [list(prompt) for prompt in prompts["prompt"]]
-        scores = {who: [scorer(chat, text) for chat, text in zip(chats, texts, strict=True)]
+        scores = {who: [scorer(chat, text) for chat, text in
+                        track(list(zip(chats, texts, strict=True)), description=f"{eval_dir.name}: {who}")]
                   for who, texts in answers.items()}
         right = {who: [error_kind(t, truth) == "right" for t, truth in zip(texts, truths, strict=True)]
                  for who, texts in answers.items()}
@@ -135,9 +149,13 @@ def main() -> None:
     parser.add_argument("evals", nargs="+", type=Path, help="alignctl eval output folders")
     parser.add_argument("--likelihood-model", help="a causal LM folder whose result-digit likelihood to test")
     args = parser.parse_args()
-    scorer = ResultDigitScorer(args.likelihood_model) if args.likelihood_model else None
-    for eval_dir in args.evals:
-        print(json.dumps(analyse(eval_dir, scorer)), flush=True)
+    try:
+        scorer = ResultDigitScorer(args.likelihood_model) if args.likelihood_model else None
+        for eval_dir in args.evals:
+            print(json.dumps(analyse(eval_dir, scorer)), flush=True)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

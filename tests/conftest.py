@@ -17,6 +17,7 @@ import io
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ _RAY_ADDRESS_AT_START = os.environ.get("RAY_ADDRESS")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_ray_session_outlives_its_test_file():
+def _no_ray_session_outlives_its_test_file() -> Iterator[None]:
     """Each test file starts without a Ray connection or a RAY_ADDRESS another file left behind, so a
     file passes in any order and beside any other (pytest-xdist's ``--dist loadfile`` deals files to
     workers as they free up): a placement test once took the join-a-cluster path because an earlier

@@ -99,3 +99,13 @@ def test_analyse_reads_an_eval_folder(tmp_path: Path) -> None:
     report = errors.analyse(eval_dir, None)
     assert report["policy"] == {"right": 2, "slip": 1, "plan": 0, "no_final": 0}
     assert report["reference"] == {"right": 0, "slip": 1, "plan": 1, "no_final": 1}
+
+
+def test_a_folder_that_is_not_an_eval_output_is_one_line_and_status_2(tmp_path: Path) -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "arith_answer_errors.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stderr == (f"error: '{tmp_path}' has no manifest.json or generations.json; "
+                           "expected an alignctl eval output folder\n")
