@@ -32,18 +32,12 @@ from pathlib import Path
 from typing import Any
 
 STEP = re.compile(r"(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)")
-FINAL = re.compile(r"####\s*(-?\d+)")
 RESULT_DIGITS = re.compile(r"(?:=|####)\s*(-?\d+)")
 KINDS = ("right", "slip", "plan", "no_final")
 
 
 class InputError(Exception):
     """Bad input: main prints it as one line and exits with status 2."""
-
-
-def final_number(answer: str) -> str | None:
-    match = FINAL.search(answer)
-    return match.group(1) if match else None
 
 
 def false_steps(answer: str) -> list[str]:
@@ -57,13 +51,14 @@ def false_steps(answer: str) -> list[str]:
 
 
 def error_kind(answer: str, truth: str) -> str:
-    """One of KINDS (module docstring)."""
-    final = final_number(answer)
-    if final == str(truth):
+    """One of KINDS (module docstring); "right" is the strict reward the eval's accuracy uses."""
+    from alignctl.rewards.gsm8k import compute_score, extract_answer
+
+    if compute_score(answer, str(truth)) == 1.0:
         return "right"
     if false_steps(answer):
         return "slip"
-    return "no_final" if final is None else "plan"
+    return "no_final" if extract_answer(answer) is None else "plan"
 
 
 def result_spans(answer: str) -> list[tuple[int, int]]:
@@ -98,6 +93,8 @@ class ResultDigitScorer:
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
     def __call__(self, prompt: list[dict[str, Any]], answer: str) -> float:
+        from alignctl.models.reply_likelihood import token_log_probs_from
+
         torch = self.torch
         text = self.tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": answer}], tokenize=False)
         offset = text.rfind(answer)
@@ -107,8 +104,7 @@ class ResultDigitScorer:
         encoded = self.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
         ids = torch.tensor([encoded["input_ids"]])
         with torch.no_grad():
-            logits = self.model(input_ids=ids).logits[0, :-1].float()
-        token_logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+            token_logp = token_log_probs_from(self.model, ids, torch.ones_like(ids), 0)[0]
         counted = [i for i, (a, b) in enumerate(encoded["offset_mapping"][1:])
                    if b > a and any(a < end and b > start for start, end in spans)]
         return float(token_logp[counted].sum()) if counted else 0.0
@@ -129,16 +125,17 @@ def analyse(eval_dir: Path, scorer: ResultDigitScorer | None) -> dict[str, Any]:
     generations = json.loads((eval_dir / "generations.json").read_text())
     answers = {who: [texts[0] for texts in generations[who]["texts"]] for who in ("policy", "reference")}
     report: dict[str, Any] = {"eval": eval_dir.name}
-    for who, texts in answers.items():
-        kinds = Counter(error_kind(text, truth) for text, truth in zip(texts, truths, strict=True))
-        report[who] = {kind: kinds.get(kind, 0) for kind in KINDS}
+    kinds = {who: [error_kind(text, truth) for text, truth in zip(texts, truths, strict=True)]
+             for who, texts in answers.items()}
+    for who, per_answer in kinds.items():
+        counts = Counter(per_answer)
+        report[who] = {kind: counts.get(kind, 0) for kind in KINDS}
     if scorer is not None:
         chats = [list(prompt) for prompt in prompts["prompt"]]
         scores = {who: [scorer(chat, text) for chat, text in
                         track(list(zip(chats, texts, strict=True)), description=f"{eval_dir.name}: {who}")]
                   for who, texts in answers.items()}
-        right = {who: [error_kind(t, truth) == "right" for t, truth in zip(texts, truths, strict=True)]
-                 for who, texts in answers.items()}
+        right = {who: [kind == "right" for kind in per_answer] for who, per_answer in kinds.items()}
         report["result_digit_likelihood"] = pair_verdicts(scores["policy"], scores["reference"], right["policy"],
                                                           right["reference"])
     return report

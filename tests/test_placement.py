@@ -132,12 +132,9 @@ def test_a_pool_spanning_nodes_on_a_local_cluster_exits_2_before_ray_starts(asse
     """A local Ray cluster is one node: STRICT_SPREAD over two cannot be placed; refused up front."""
     import ray
 
-    from alignctl.workers.group import shutdown_ray
-
-    # The local path is under test: a Ray session left connected, or a RAY_ADDRESS left set, by an earlier
-    # file in this pytest process (any file may precede this one when files run two at a time) would
-    # take the join-a-cluster path instead (seen once in a full run under -n 2).
-    shutdown_ray()
+    # The local path is under test. A Ray session an earlier file left connected is ended by conftest's
+    # per-file fixture; a RAY_ADDRESS set in the environment the tests run in would still take the
+    # join-a-cluster path.
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     result = run_cli("grpo", f"data.train_files=[{assets['data'] / 'train.parquet'}]",
                      f"actor_rollout_ref.model.path={assets['model']}", f"custom_reward_function.path={assets['reward']}",
