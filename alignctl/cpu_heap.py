@@ -29,7 +29,7 @@ import sys
 
 from alignctl.errors import UserError
 
-__all__ = ["ENV_VAR", "keep_freed_memory", "kept", "setting"]
+__all__ = ["ENV_VAR", "keep_freed_memory", "kept", "return_freed_memory", "setting"]
 
 ENV_VAR = "ALIGNCTL_CPU_HEAP"
 
@@ -84,3 +84,15 @@ def keep_freed_memory() -> bool:
     libc.mallopt.restype = ctypes.c_int
     _applied = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
     return _applied
+
+
+def return_freed_memory() -> bool:
+    """Give the heap's free pages back to the system now (glibc's ``malloc_trim(0)``), whatever the
+    trim threshold: for a process that stays alive idle after its work (a parked Ray worker), whose
+    heap would otherwise stay at its peak. Returns whether anything was released; False off glibc."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    return bool(libc.malloc_trim(0))

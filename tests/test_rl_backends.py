@@ -53,6 +53,11 @@ def test_deepspeed_ppo_with_critic_runs_and_exports(assets, tmp_path, ray_sessio
                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "algorithm.use_kl_in_reward=true",
                     *zero)
     result = RLTrainer(cfg).fit()
+    # DeepSpeed's communication backend is a process-wide global it never tears down: its workers
+    # are stopped at the end, not parked for the next run (trainer.reuse_workers).
+    from alignctl.workers.group import parked_pids
+
+    assert parked_pids() == []
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:

@@ -126,6 +126,53 @@ def test_same_seed_gives_identical_metrics(assets, tmp_path):
     assert runs[0] == runs[1]
 
 
+def _worker_pids(run_dir) -> list[int]:
+    import json
+
+    return [w["pid"] for w in json.loads((run_dir / "workers.json").read_text(encoding="utf-8"))]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, killed but not yet reaped by its raylet, is not)."""
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_finished_runs_workers_host_the_next_run_of_the_same_shape(assets, tmp_path):
+    """trainer.reuse_workers (default true): a run that ends cleanly parks its CPU workers; the next
+    run with the same pools takes the same processes and logs exactly the metrics of the run that
+    started them fresh; a run of another shape stops them and starts its own; with reuse_workers=false
+    nothing stays parked."""
+    import time
+
+    from alignctl.workers.group import parked_pids, stop_parked
+
+    stop_parked()  # whatever an earlier test left: run "fresh" starts its own processes
+    overrides = ("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+    RLTrainer(rl_config(assets, tmp_path / "fresh", *overrides)).fit()
+    fresh_pids = _worker_pids(tmp_path / "fresh")
+    assert sorted(parked_pids()) == sorted(fresh_pids)
+
+    RLTrainer(rl_config(assets, tmp_path / "warm", *overrides)).fit()
+    assert _worker_pids(tmp_path / "warm") == fresh_pids
+    untimed = [[{k: v for k, v in r.items() if not k.startswith(("timing_s", "perf/throughput"))}
+                for r in read_metrics(tmp_path / name)] for name in ("fresh", "warm")]
+    assert untimed[0] == untimed[1]
+
+    RLTrainer(rl_config(assets, tmp_path / "other", "trainer.n_gpus_per_node=1", "trainer.reuse_workers=false")).fit()
+    other_pids = _worker_pids(tmp_path / "other")
+    assert not set(other_pids) & set(fresh_pids) and parked_pids() == []
+    deadline = time.monotonic() + 30
+    while any(map(_alive, [*fresh_pids, *other_pids])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, [*fresh_pids, *other_pids]))
+
+
 def _update_group(assets, tmp_path, world: int, micro: int) -> WorkerGroup:
     cfg = rl_config(assets, tmp_path / f"w{world}", f"trainer.n_gpus_per_node={world}",
                     f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",

@@ -404,6 +404,10 @@ class TrainerConfig:
     concurrent_roles: bool = field(True, help="Roles on different pools run at the same time where the dataflow "
                                               "allows (critic values with the log-probs, the critic update with the "
                                               "actor update); false runs them phase by phase (for measuring).")
+    reuse_workers: bool = field(True, help="A run that ends cleanly keeps its CPU worker processes (no roles, heap "
+                                           "returned) for the next run in the same process with the same pools, "
+                                           "which skips ~10 s of start-up per worker; GPU workers always stop. "
+                                           "false: every run starts fresh processes.")
 
     @property
     def resolved_run_dir(self) -> Path:

@@ -82,7 +82,8 @@ def start_workers(cfg: RLConfig, total_steps: int) -> PooledWorkers:
                                 {"config": config, "total_steps": total_steps}),
              "rm": RoleSpec("rm", "alignctl.workers.reward_model:RewardModelWorker", {"config": config})}
     roles = {role: specs[role] for role in cfg.roles}
-    return start_pools(pools, roles, role_pools(cfg.trainer, cfg.roles), import_roots(cfg.algorithm.plugins))
+    return start_pools(pools, roles, role_pools(cfg.trainer, cfg.roles), import_roots(cfg.algorithm.plugins),
+                       reuse=cfg.trainer.reuse_workers)
 
 
 def run_pools(cfg: RLConfig) -> dict[str, ResourcePool]:

@@ -197,7 +197,7 @@ class RLTrainer:
         check_replaceable(run_dir)  # never write into a folder of the user's (preflight said so already)
         result = RunResult(run_dir, run_dir / "actor", 0)
         new_run = not run_dir.exists()
-        refused = False
+        refused = finished = False
         resume_from = self.restore_controller(result)
         try:
             self.workers = start_workers(self.cfg, self.parts.total_steps)
@@ -214,6 +214,7 @@ class RLTrainer:
             self._loop(tracker, result)
             self.workers.broadcast("actor", "save", str(result.policy_dir))
             self.record_policy_origin(result.policy_dir)
+            finished = True
         except WorkerFailed as exc:
             raise RunFailed(f"{self.activity}: {exc}") from exc
         except UserError:
@@ -221,7 +222,8 @@ class RLTrainer:
             raise
         finally:
             tracker.close()
-            self.workers.shutdown()
+            # A run that ended cleanly leaves its CPU workers for the next run in this process (group.py).
+            self.workers.shutdown(keep_warm=finished and self.cfg.trainer.reuse_workers)
             if refused and new_run:
                 shutil.rmtree(run_dir, ignore_errors=True)  # leave no run folder behind a refused run
         (run_dir / "summary.json").write_text(json.dumps(_summary(result), indent=2), encoding="utf-8")

@@ -171,6 +171,25 @@ class _Worker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
+    def ping(self) -> int:
+        return os.getpid()
+
+    def release(self) -> bool:
+        """End the run in this process but keep the process for the next one (see
+        :func:`park`): leave the process group, drop the roles (models, optimizers, engines) and
+        give their freed heap back to the system. Returns whether the process is fit to host
+        another run: not after DeepSpeed set up its communication backend, a process-wide global
+        it never tears down."""
+        import gc
+
+        self.shutdown()
+        self.roles.clear()
+        self._spans = []
+        gc.collect()
+        cpu_heap.return_freed_memory()
+        deepspeed_comm = sys.modules.get("deepspeed.comm.comm")
+        return getattr(deepspeed_comm, "cdb", None) is None
+
 
 def _quiet_libraries() -> None:
     """Worker logs reach the user's console through Ray: keep only warnings that matter."""
@@ -220,15 +239,41 @@ PLACEMENT_TIMEOUT_S = 180.0
 class WorkerGroup:
     """``world_size`` fused worker processes in one placement group and one process group."""
 
-    def __init__(self, pool: ResourcePool, roles: list[RoleSpec], *, import_paths: list[str] | None = None) -> None:
+    def __init__(self, pool: ResourcePool, roles: list[RoleSpec], *, import_paths: list[str] | None = None,
+                 warm: WorkerGroup | None = None) -> None:
         """``import_paths``: folders prepended to the workers' Python path (where the controller
-        found plugin modules; a worker starts with its working folder and site-packages only)."""
+        found plugin modules; a worker starts with its working folder and site-packages only).
+        ``warm``: a parked group with this group's key (:func:`claim_parked`) whose processes and
+        placement group this one takes over; every other parked group is stopped first, so its
+        resources are free for this one."""
         self.pool = pool
-        env = dict(WORKER_ENV)
-        if cpu_heap.ENV_VAR in os.environ:  # the user's choice reaches workers on other nodes too
-            env[cpu_heap.ENV_VAR] = os.environ[cpu_heap.ENV_VAR]
-        if import_paths:
-            env["PYTHONPATH"] = os.pathsep.join([*import_paths, *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.env = worker_env(import_paths)
+        self.key = reuse_key(pool, self.env)
+        stop_parked()
+        if warm is not None and warm.key == self.key and warm._alive():
+            self._pg, self.workers, self.reused = warm._pg, warm.workers, True
+        else:
+            if warm is not None:
+                warm._kill()
+            self._start_processes()
+        try:
+            self._join_and_build(roles)
+        except BaseException:
+            self._kill()  # no half-started group keeps its processes (or its actors' names)
+            raise
+
+    def _join_and_build(self, roles: list[RoleSpec]) -> None:
+        master_addr, master_port = ray.get(self.workers[0].address.remote())
+        ray.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
+        # Where each rank runs, named in failure messages (a dead process can no longer say).
+        self.where = [f"node {d['node_ip']} [{d['node_id'][:12]}], pool {self.pool.name} rank {d['rank']}"
+                      for d in self.describe()]
+        for spec in roles:
+            ray.get([w.add_role.remote(spec) for w in self.workers])
+        self.role_names = [spec.name for spec in roles]
+
+    def _start_processes(self) -> None:
+        pool = self.pool
         self._pg: PlacementGroup = placement_group(pool.bundles(), strategy=pool.strategy, name=pool.name)
         self._wait_placed()
         device = "cuda" if pool.gpus else "cpu"
@@ -237,18 +282,11 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=pool.cpus, num_gpus=pool.gpus, resources=dict(pool.resources), name=f"{pool.name}-rank{rank}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, pool.bundle_of(rank)),
-                runtime_env={"env_vars": env},
+                runtime_env={"env_vars": self.env},
             ).remote(rank, pool.world_size, device, pool.cpus, pool.name)
             for rank in range(pool.world_size)
         ]
-        master_addr, master_port = ray.get(self.workers[0].address.remote())
-        ray.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
-        # Where each rank runs, named in failure messages (a dead process can no longer say).
-        self.where = [f"node {d['node_ip']} [{d['node_id'][:12]}], pool {pool.name} rank {d['rank']}"
-                      for d in self.describe()]
-        for spec in roles:
-            ray.get([w.add_role.remote(spec) for w in self.workers])
-        self.role_names = [spec.name for spec in roles]
+        self.reused = False
 
     def _wait_placed(self) -> None:
         try:
@@ -299,14 +337,117 @@ class WorkerGroup:
         the call and where the failing rank ran."""
         return _get(refs, role, method, getattr(self, "where", None))
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, keep_warm: bool = False) -> None:
+        """Stop the workers; with ``keep_warm``, a CPU group whose every process ends its run cleanly
+        is parked instead, for the next group of the same shape in this process (:func:`claim_parked`)."""
+        if keep_warm and self.pool.gpus == 0 and self._release():
+            _PARKED.append(self)
+            return
         try:
             ray.get([w.shutdown.remote() for w in self.workers], timeout=5)
         except Exception:  # noqa: BLE001 - a dead worker must not block cleanup of the others
             pass
+        self._kill()
+
+    def _release(self) -> bool:
+        try:
+            return all(ray.get([w.release.remote() for w in self.workers], timeout=60))
+        except Exception:  # noqa: BLE001 - a worker that cannot release is stopped instead
+            return False
+
+    def _alive(self) -> bool:
+        try:
+            ray.get([w.ping.remote() for w in self.workers], timeout=30)
+        except Exception:  # noqa: BLE001 - died while parked (killed, out of memory): start afresh
+            return False
+        return True
+
+    def _kill(self) -> None:
         for worker in self.workers:
-            ray.kill(worker)
-        remove_placement_group(self._pg)
+            with contextlib.suppress(Exception):
+                ray.kill(worker)
+        with contextlib.suppress(Exception):
+            remove_placement_group(self._pg)
+
+
+# ------------------------------------------------------------------ parked groups
+#
+# Starting a worker process costs ~10 s of CPU before it does any work (importing torch and
+# transformers, joining Ray). A run that ends cleanly on CPU workers parks its group: the processes
+# stay up with no roles, no process group and their freed heap returned, holding their placement
+# group, and the next run in this driver process whose pool has the same shape, threads and
+# environment takes them over (a pipeline's GRPO then PPO stage, a sweep through the Python API, the
+# test suite). Roles are built afresh each run, seeded as always; GPU groups are never parked (their
+# device memory must be free for whatever runs next). trainer.reuse_workers: false turns it off.
+
+_PARKED: list[WorkerGroup] = []
+
+
+def worker_env(import_paths: list[str] | None = None) -> dict[str, str]:
+    """The environment variables a group's workers start with."""
+    env = dict(WORKER_ENV)
+    if cpu_heap.ENV_VAR in os.environ:  # the user's choice reaches workers on other nodes too
+        env[cpu_heap.ENV_VAR] = os.environ[cpu_heap.ENV_VAR]
+    if import_paths:
+        env["PYTHONPATH"] = os.pathsep.join([*import_paths, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def reuse_key(pool: ResourcePool, env: dict[str, str]) -> tuple[Any, ...]:
+    """What a parked group must match to be taken over: this Ray session and driver, the pool's
+    whole shape, and the workers' environment."""
+    return (*_session(), pool.world_size, pool.cpus, pool.gpus, pool.name,
+            pool.nnodes, pool.strategy, tuple(sorted(pool.resources.items())), tuple(sorted(env.items())))
+
+
+def _session() -> tuple[str, str]:
+    context = ray.get_runtime_context()
+    return context.get_session_name(), context.get_job_id()
+
+
+def claim_parked(pools: dict[str, tuple[ResourcePool, list[str] | None]]) -> dict[str, WorkerGroup]:
+    """Take the parked groups that match these pools (name -> (pool, import paths)) off the parked
+    list, for the groups about to start; the rest stay parked until :func:`stop_parked`."""
+    claimed: dict[str, WorkerGroup] = {}
+    if not _PARKED or not ray.is_initialized():
+        return claimed
+    for name, (pool, import_paths) in pools.items():
+        key = reuse_key(pool, worker_env(import_paths))
+        for group in _PARKED:
+            if group.key == key:
+                _PARKED.remove(group)
+                claimed[name] = group
+                break
+    return claimed
+
+
+# How long to wait for a stopped parked worker's actor name to be free again.
+NAME_RELEASE_TIMEOUT_S = 30.0
+
+
+def stop_parked() -> None:
+    """Stop every parked group (their processes and placement groups), then wait until their
+    workers' actor names are free: a group started next may use the same pool name."""
+    names: list[str] = []
+    session = _session() if ray.is_initialized() else None
+    while _PARKED:
+        group = _PARKED.pop()
+        if group.key[:2] == session:  # one of an earlier Ray session went with that session
+            group._kill()
+            names += [f"{group.pool.name}-rank{rank}" for rank in range(group.world_size)]
+    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.05)
+
+
+def parked_pids() -> list[int]:
+    """The process ids of the parked workers (for tests and the curious)."""
+    return [pid for group in _PARKED for pid in ray.get([w.ping.remote() for w in group.workers])]
 
 
 class WorkerFailed(Exception):
@@ -479,6 +620,7 @@ def local_session_dirs() -> list[Path]:
 def shutdown_ray() -> None:
     """Stop Ray and remove the session folders of the local clusters this process started (only
     those: other runs on this machine may be using theirs). A cluster given by address keeps its own."""
+    _PARKED.clear()  # Ray stops their processes
     ray.shutdown()
     while _LOCAL_SESSIONS:
         folder = _LOCAL_SESSIONS.pop()

@@ -19,7 +19,7 @@ import ray
 
 from alignctl.batch import Batch
 from alignctl.errors import UserError
-from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup
+from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup, claim_parked
 
 
 class PooledWorkers:
@@ -74,22 +74,25 @@ class PooledWorkers:
     def gather(self, role: str, method: str, refs: list[ray.ObjectRef]) -> list[Any]:
         return self.group(role).gather(role, method, refs)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, keep_warm: bool = False) -> None:
+        """Stop every group; ``keep_warm`` parks the groups that can be for the next run (WorkerGroup.shutdown)."""
         for group in self.groups.values():
-            group.shutdown()
+            group.shutdown(keep_warm=keep_warm)
 
 
 def start_pools(pools: dict[str, ResourcePool], roles: dict[str, RoleSpec], placement: dict[str, str],
-                import_paths: list[str] | None = None) -> PooledWorkers:
+                import_paths: list[str] | None = None, *, reuse: bool = True) -> PooledWorkers:
     """One WorkerGroup per pool with the roles placed on it (in the order of ``roles``); a failed
-    start stops the groups already started."""
+    start stops the groups already started. With ``reuse``, a pool takes over a parked group of its
+    shape (``WorkerGroup``'s ``warm``); without, every parked group is stopped and all start afresh."""
     groups: dict[str, WorkerGroup] = {}
+    warm = claim_parked({name: (pool, import_paths) for name, pool in pools.items()}) if reuse else {}
     try:
         for name, pool in pools.items():
             specs = [spec for role, spec in roles.items() if placement[role] == name]
-            groups[name] = WorkerGroup(pool, specs, import_paths=import_paths)
+            groups[name] = WorkerGroup(pool, specs, import_paths=import_paths, warm=warm.pop(name, None))
     except BaseException:
-        for group in groups.values():
+        for group in [*groups.values(), *warm.values()]:
             group.shutdown()
         raise
     return PooledWorkers(groups, placement)
