@@ -175,8 +175,8 @@ class _Worker:
         return os.getpid()
 
     def release(self) -> bool:
-        """End the run in this process but keep the process for the next one (see
-        :func:`park`): leave the process group, drop the roles (models, optimizers, engines) and
+        """End the run in this process but keep the process for the next one
+        (``WorkerGroup.shutdown(keep_warm=True)``): leave the process group, drop the roles (models, optimizers, engines) and
         give their freed heap back to the system. Returns whether the process is fit to host
         another run: not after DeepSpeed set up its communication backend, a process-wide global
         it never tears down."""
@@ -251,7 +251,7 @@ class WorkerGroup:
         self.key = reuse_key(pool, self.env)
         stop_parked()
         if warm is not None and warm.key == self.key and warm._alive():
-            self._pg, self.workers, self.reused = warm._pg, warm.workers, True
+            self._pg, self.workers = warm._pg, warm.workers
         else:
             if warm is not None:
                 warm._kill()
@@ -286,7 +286,6 @@ class WorkerGroup:
             ).remote(rank, pool.world_size, device, pool.cpus, pool.name)
             for rank in range(pool.world_size)
         ]
-        self.reused = False
 
     def _wait_placed(self) -> None:
         try:
@@ -446,8 +445,12 @@ def stop_parked() -> None:
 
 
 def parked_pids() -> list[int]:
-    """The process ids of the parked workers (for tests and the curious)."""
-    return [pid for group in _PARKED for pid in ray.get([w.ping.remote() for w in group.workers])]
+    """The process ids of the workers parked in this Ray session (for tests and the curious)."""
+    if not ray.is_initialized():
+        return []
+    session = _session()
+    return [pid for group in _PARKED if group.key[:2] == session
+            for pid in ray.get([w.ping.remote() for w in group.workers])]
 
 
 class WorkerFailed(Exception):
