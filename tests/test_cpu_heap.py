@@ -78,6 +78,34 @@ def test_second_call_is_a_no_op_that_reports_the_setting():
     assert reuses_pages_once_warm(result["faults"]), result
 
 
+RETURN = """
+import json
+import torch
+from alignctl.cpu_heap import keep_freed_memory, return_freed_memory
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+keep_freed_memory()
+step = [torch.ones(n * 1024 * 1024) for n in (16, 8, 24)]  # 192 MiB, every page written
+del step
+kept = rss_mib()
+returned = return_freed_memory()
+print(json.dumps({"kept": kept, "after": rss_mib(), "returned": returned}))
+"""
+
+
+def test_a_parked_worker_gives_the_kept_heap_back():
+    """return_freed_memory (what a worker parked between runs calls): the 192 MiB the kept heap held
+    after the buffers were freed go back to the system."""
+    proc = subprocess.run([sys.executable, "-c", RETURN], capture_output=True, text=True, check=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "ALIGNCTL_CPU_HEAP"})
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["returned"] is True
+    assert result["kept"] - result["after"] >= 150, result
+
+
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or os.path.exists("/dev/nvidia0"),
                     reason="checks the CPU-only machine's path")
 def test_sft_and_rm_trainers_keep_the_heap_on_a_cpu_only_machine():
