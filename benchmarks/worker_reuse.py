@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report  # noqa: E402
+from _common import parse_bench_args, report, summarize  # noqa: E402
 
 TIME_DEPENDENT = ("timing_s", "perf/")
 # A dense reward (the share of digits in the answer), so a random tiny model gets a signal to train on.
@@ -114,8 +113,8 @@ def main() -> int:
         finally:
             shutdown_ray()
     same = all(r["metrics"] == sides["fresh"][0]["metrics"] for side in sides.values() for r in side)
-    wall = {name: statistics.median(r["wall"] for r in side) for name, side in sides.items()}
-    cpu = {name: statistics.median(r["cpu"] for r in side) for name, side in sides.items()}
+    wall = {name: summarize([r["wall"] for r in side])["median"] for name, side in sides.items()}
+    cpu = {name: summarize([r["cpu"] for r in side])["median"] for name, side in sides.items()}
     report("RL run, parked workers vs fresh ones", wall["parked"], wall["fresh"], "s / run",
            {"workers": args.workers, "runs_per_side": runs, "cpu_s_per_run_fresh": cpu["fresh"],
             "cpu_s_per_run_parked": cpu["parked"], "same_metrics": same},

@@ -121,9 +121,13 @@ def test_same_seed_gives_identical_metrics(assets, tmp_path):
         cfg = rl_config(assets, tmp_path / name, "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=4",
                         "actor_rollout_ref.actor.ppo_mini_batch_size=2")
         RLTrainer(cfg).fit()
-        runs.append([{k: v for k, v in r.items() if not k.startswith(("timing_s", "perf/throughput"))}
-                     for r in read_metrics(tmp_path / name)])
+        runs.append(_untimed(read_metrics(tmp_path / name)))
     assert runs[0] == runs[1]
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    """Metrics rows without the wall-clock ones (the rest must repeat exactly)."""
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s", "perf/throughput"))} for r in rows]
 
 
 def _worker_pids(run_dir) -> list[int]:
@@ -160,9 +164,7 @@ def test_a_finished_runs_workers_host_the_next_run_of_the_same_shape(assets, tmp
 
     RLTrainer(rl_config(assets, tmp_path / "warm", *overrides)).fit()
     assert _worker_pids(tmp_path / "warm") == fresh_pids
-    untimed = [[{k: v for k, v in r.items() if not k.startswith(("timing_s", "perf/throughput"))}
-                for r in read_metrics(tmp_path / name)] for name in ("fresh", "warm")]
-    assert untimed[0] == untimed[1]
+    assert _untimed(read_metrics(tmp_path / "warm")) == _untimed(read_metrics(tmp_path / "fresh"))
 
     RLTrainer(rl_config(assets, tmp_path / "other", "trainer.n_gpus_per_node=1", "trainer.reuse_workers=false")).fit()
     other_pids = _worker_pids(tmp_path / "other")

@@ -254,7 +254,7 @@ class WorkerGroup:
             self._pg, self.workers = warm._pg, warm.workers
         else:
             if warm is not None:
-                warm._kill()
+                warm._kill(wait=True)  # died while parked: its actors' names must be free for ours
             self._start_processes()
         try:
             self._join_and_build(roles)
@@ -280,7 +280,7 @@ class WorkerGroup:
         remote_cls = ray.remote(_Worker)
         self.workers = [
             remote_cls.options(
-                num_cpus=pool.cpus, num_gpus=pool.gpus, resources=dict(pool.resources), name=f"{pool.name}-rank{rank}",
+                num_cpus=pool.cpus, num_gpus=pool.gpus, resources=dict(pool.resources), name=_actor_name(pool, rank),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, pool.bundle_of(rank)),
                 runtime_env={"env_vars": self.env},
             ).remote(rank, pool.world_size, device, pool.cpus, pool.name)
@@ -361,12 +361,30 @@ class WorkerGroup:
             return False
         return True
 
-    def _kill(self) -> None:
+    def _kill(self, *, wait: bool = False) -> None:
+        """Stop the processes and free the placement group; with ``wait``, return only once the
+        workers' actor names are free (up to NAME_RELEASE_TIMEOUT_S), for a group about to reuse them."""
         for worker in self.workers:
             with contextlib.suppress(Exception):
                 ray.kill(worker)
         with contextlib.suppress(Exception):
             remove_placement_group(self._pg)
+        deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+        for rank in range(self.world_size) if wait else ():
+            while time.monotonic() < deadline:
+                try:
+                    ray.get_actor(_actor_name(self.pool, rank))
+                except ValueError:
+                    break
+                time.sleep(0.05)
+
+
+def _actor_name(pool: ResourcePool, rank: int) -> str:
+    return f"{pool.name}-rank{rank}"
+
+
+# How long to wait for a stopped worker's actor name to be free again.
+NAME_RELEASE_TIMEOUT_S = 30.0
 
 
 # ------------------------------------------------------------------ parked groups
@@ -420,37 +438,27 @@ def claim_parked(pools: dict[str, tuple[ResourcePool, list[str] | None]]) -> dic
     return claimed
 
 
-# How long to wait for a stopped parked worker's actor name to be free again.
-NAME_RELEASE_TIMEOUT_S = 30.0
+def _parked_in_this_session() -> list[WorkerGroup]:
+    """The parked groups of the Ray session this driver is connected to (one parked in an earlier
+    session went with that session)."""
+    if not ray.is_initialized():
+        return []
+    session = _session()
+    return [group for group in _PARKED if group.key[:2] == session]
 
 
 def stop_parked() -> None:
-    """Stop every parked group (their processes and placement groups), then wait until their
-    workers' actor names are free: a group started next may use the same pool name."""
-    names: list[str] = []
-    session = _session() if ray.is_initialized() else None
-    while _PARKED:
-        group = _PARKED.pop()
-        if group.key[:2] == session:  # one of an earlier Ray session went with that session
-            group._kill()
-            names += [f"{group.pool.name}-rank{rank}" for rank in range(group.world_size)]
-    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
-    for name in names:
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(name)
-            except ValueError:
-                break
-            time.sleep(0.05)
+    """Stop every parked group (their processes and placement groups) and wait until their workers'
+    actor names are free: a group started next may use the same pool name."""
+    alive = _parked_in_this_session()
+    _PARKED.clear()
+    for group in alive:
+        group._kill(wait=True)
 
 
 def parked_pids() -> list[int]:
     """The process ids of the workers parked in this Ray session (for tests and the curious)."""
-    if not ray.is_initialized():
-        return []
-    session = _session()
-    return [pid for group in _PARKED if group.key[:2] == session
-            for pid in ray.get([w.ping.remote() for w in group.workers])]
+    return [pid for group in _parked_in_this_session() for pid in ray.get([w.ping.remote() for w in group.workers])]
 
 
 class WorkerFailed(Exception):
