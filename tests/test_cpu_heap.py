@@ -6,7 +6,7 @@ What is measured is the kernel's count of minor page faults over 16 "steps", eac
 and freeing buffers of 64, 32 and 96 MiB (49,152 pages of 4 KiB per step). With glibc's defaults every
 step maps them afresh (measured: 49,155 faults every step); with the heap kept the first steps grow the
 heap until the freed blocks fit the requests, then nothing faults (measured over 24 runs: the last
-faulting step was the second to the fifth; the check reads steps 11-16)."""
+faulting step was the second to the fifth; the check reads steps 11-16 and lets two of them fault)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ def step_faults(setup: str, env_heap: str | None = None) -> dict:
         env["ALIGNCTL_CPU_HEAP"] = env_heap
     proc = subprocess.run([sys.executable, "-c", LOOP.replace("SETUP", setup)], env=env, capture_output=True,
                           text=True, check=True, timeout=120)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["faults_text"] = " ".join(map(str, result["faults"]))  # pytest shortens a long list in its report
+    return result
 
 
 def pages_in_again_every_step(faults: list[int]) -> bool:
@@ -49,7 +51,12 @@ def pages_in_again_every_step(faults: list[int]) -> bool:
 
 
 def reuses_pages_once_warm(faults: list[int]) -> bool:
-    return sum(faults[10:]) <= 0.05 * PAGES_PER_STEP
+    """Most of steps 11-16 fault (almost) nothing, and the six together fault less than one step does
+    with glibc's defaults. Not all six: a CI run once saw a late step fault again (a later block that no
+    freed block fitted, or the kernel taking pages back under load), which says nothing against reuse."""
+    late = faults[10:]
+    quiet = sum(f <= 0.05 * PAGES_PER_STEP for f in late)
+    return quiet >= 4 and sum(late) < PAGES_PER_STEP
 
 
 KEEP = "from alignctl.cpu_heap import keep_freed_memory\napplied = keep_freed_memory()"
@@ -57,25 +64,25 @@ KEEP = "from alignctl.cpu_heap import keep_freed_memory\napplied = keep_freed_me
 
 def test_glibc_defaults_page_freed_large_buffers_in_again_every_step():
     result = step_faults("applied = None")
-    assert pages_in_again_every_step(result["faults"]), result
+    assert pages_in_again_every_step(result["faults"]), result["faults_text"]
 
 
 def test_kept_heap_reuses_the_pages_of_freed_buffers():
     result = step_faults(KEEP)
     assert result["applied"] is True
-    assert reuses_pages_once_warm(result["faults"]), result
+    assert reuses_pages_once_warm(result["faults"]), result["faults_text"]
 
 
 def test_system_setting_keeps_glibc_defaults():
     result = step_faults(KEEP, env_heap="system")
     assert result["applied"] is False
-    assert pages_in_again_every_step(result["faults"]), result
+    assert pages_in_again_every_step(result["faults"]), result["faults_text"]
 
 
 def test_second_call_is_a_no_op_that_reports_the_setting():
     result = step_faults(KEEP + "\napplied = keep_freed_memory() and applied")
     assert result["applied"] is True
-    assert reuses_pages_once_warm(result["faults"]), result
+    assert reuses_pages_once_warm(result["faults"]), result["faults_text"]
 
 
 RETURN = """
@@ -115,7 +122,7 @@ def test_sft_and_rm_trainers_keep_the_heap_on_a_cpu_only_machine():
              "from alignctl import cpu_heap\napplied = cpu_heap.kept()")
     result = step_faults(setup)
     assert result["applied"] is True
-    assert reuses_pages_once_warm(result["faults"]), result
+    assert reuses_pages_once_warm(result["faults"]), result["faults_text"]
 
 
 def test_a_mistyped_setting_is_a_one_line_error_before_any_stage(monkeypatch, tmp_path):
