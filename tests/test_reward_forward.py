@@ -18,6 +18,7 @@ from alignctl.models.reward_forward import (
     reply_layout,
     score_padded,
     score_shared_prompts,
+    token_scores_shared_prompts,
     use_shared_prompt_forward,
 )
 
@@ -93,6 +94,35 @@ def test_shared_scores_and_gradients_equal_scoring_each_sequence_alone(attn: str
 
     assert shared.dtype == torch.float32 and shared.shape == (len(seqs),)
     torch.testing.assert_close(shared, reference, rtol=0, atol=ATOL)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=ATOL, msg=name)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", SEGMENT_SDPA])
+@pytest.mark.parametrize("budget", [None, 16])
+def test_token_scores_equal_the_score_head_on_each_sequence_alone(attn: str, budget: int | None) -> None:
+    """Every token's score (train-rm's on-track loss reads them) == the score head applied to each
+    hidden state of the sequence run alone, unpadded; the last one is score_shared_prompts' score.
+    Gradients agree too."""
+    model = reward_model(attn)
+    seqs = pairs_batch()
+    lengths = pair_prompt_lengths(seqs)
+    weights = [torch.linspace(-1.0, 1.0, len(s)) for s in seqs]
+
+    tokens = token_scores_shared_prompts(model, seqs, lengths, PAD, max_tokens_per_row=budget)
+    sum((t * w).sum() for t, w in zip(tokens, weights)).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    reference = [model.score(model.base_model(input_ids=torch.tensor([s])).last_hidden_state[0]).squeeze(-1)
+                 for s in seqs]
+    sum((r * w).sum() for r, w in zip(reference, weights)).backward()
+
+    assert [t.shape[0] for t in tokens] == [len(s) for s in seqs]
+    for t, r in zip(tokens, reference):
+        torch.testing.assert_close(t, r, rtol=0, atol=ATOL)
+    with torch.no_grad():
+        last = score_shared_prompts(model, seqs, lengths, PAD)
+    torch.testing.assert_close(torch.stack([t[-1] for t in tokens]).detach(), last, rtol=0, atol=ATOL)
     for name, param in model.named_parameters():
         torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=ATOL, msg=name)
 

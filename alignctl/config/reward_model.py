@@ -51,6 +51,15 @@ class RewardModelConfig:
                                           "template, saves a causal LM (alignctl/models/reply_likelihood.py). With "
                                           "trainer.max_steps=0 nothing trains: the start model's likelihood is evaluated "
                                           "on the held-out pairs and saved as the reward model.")
+    loss: Literal["bradley_terry", "on_track"] = field("bradley_terry", help="bradley_terry: TRL's pairwise loss "
+                                          "on the scores at each reply's last token. on_track: also read the score head at "
+                                          "every token after the point where a pair's two replies part and train it as a "
+                                          "classifier, chosen tokens 1 and rejected tokens 0 (for pairs whose rejected reply "
+                                          "corrupts the chosen one, e.g. one wrong step: it learns where it goes wrong; "
+                                          "alignctl/algos/on_track.py), plus bt_weight x the pairwise loss. The score is read "
+                                          "at the last token either way. score_from=head only.")
+    bt_weight: float = field(1.0, help="loss=on_track: weight of the pairwise (Bradley-Terry) loss added to the "
+                                       "on-track loss (0: the on-track loss alone).")
     likelihood_beta: float = field(1.0, help="score_from=likelihood: the reward is this x the reply's summed "
                                              "log-probability (the temperature of the Bradley-Terry loss).")
     center_rewards_coefficient: float | None = field(None, help="Weight of the mean((r_chosen + r_rejected)^2) "
@@ -83,6 +92,11 @@ class RewardModelConfig:
             raise UserError(f"key 'data.group_key' expected a column name (or 'column.key'), got {self.data.group_key!r}")
         if self.data.group_key is not None and not self.data.val_files and self.data.val_fraction == 0:
             raise UserError("key 'data.group_key' needs held-out pairs: set data.val_files or data.val_fraction > 0")
+        if self.loss == "on_track" and self.score_from != "head":
+            raise UserError("key 'loss': on_track trains a score head; it needs score_from=head, got "
+                            f"score_from={self.score_from}")
+        if not self.bt_weight >= 0:
+            raise UserError(f"key 'bt_weight' expected a number >= 0, got {self.bt_weight}")
         if not self.likelihood_beta > 0:
             raise UserError(f"key 'likelihood_beta' expected a number > 0, got {self.likelihood_beta}")
         edges = self.calibration_edges

@@ -19,7 +19,8 @@ sharing). Everything is differentiable: train-rm trains through it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
 from typing import Any
 
 import torch
@@ -28,7 +29,23 @@ from alignctl.models.forward import attention_inputs, pack_for_model, pack_padde
 from alignctl.models.loading import last_token_index, position_ids_from_mask, score_last_token
 
 __all__ = ["common_prefix_length", "forward_from_scores", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout",
-           "score_padded", "score_shared_prompts", "use_last_token_forward", "use_shared_prompt_forward"]
+           "score_padded", "score_shared_prompts", "token_scores_shared_prompts", "use_last_token_forward",
+           "use_shared_prompt_forward", "use_token_scores_forward"]
+
+
+@cache
+def _token_scores_output() -> type:
+    """transformers' classifier output with a ``token_scores`` field ([B, S]), made on first use
+    (transformers is imported only by the functions that need it)."""
+    from dataclasses import dataclass
+
+    from transformers.modeling_outputs import SequenceClassifierOutputWithPast
+
+    @dataclass
+    class TokenScoresOutput(SequenceClassifierOutputWithPast):
+        token_scores: torch.Tensor | None = None
+
+    return TokenScoresOutput
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -91,6 +108,20 @@ def reply_layout(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[in
     return ids, mask, width_t
 
 
+def _packed_hidden(model: Any, ids: torch.Tensor, mask: torch.Tensor, width_t: int, share: bool,
+                   max_tokens_per_row: int | None) -> Iterator[tuple[Any, torch.Tensor]]:
+    """(packed row, its last hidden states [N, H]) for each packed row of the ``reply_layout`` batch."""
+    positions = position_ids_from_mask(mask)
+    if share:
+        rows = pack_for_model(model, ids, mask, width_t, positions, max_tokens_per_row, share_prompt=True)
+    else:  # nothing shared: one packed segment per sequence
+        rows = pack_padded(ids, mask, positions, max_tokens_per_row)
+    for row in rows:
+        hidden = model.base_model(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False,
+                                  **attention_inputs(model, row)).last_hidden_state[0]
+        yield row, hidden
+
+
 def score_shared_prompts(model: Any, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], pad_id: int,
                          max_tokens_per_row: int | None = None) -> torch.Tensor:
     """Scores [N] (float32) of a ``*ForSequenceClassification`` reward model (one label), each
@@ -103,21 +134,30 @@ def score_shared_prompts(model: Any, sequences: Sequence[Sequence[int]], prompt_
     last_flat = torch.arange(len(sequences), device=device) * width + last_token_index(mask)
     scores: list[torch.Tensor] = []
     index: list[torch.Tensor] = []
-    positions = position_ids_from_mask(mask)
-    if max(prompt_lengths) > 0:
-        rows = pack_for_model(model, ids, mask, width_t, positions, max_tokens_per_row, share_prompt=True)
-    else:  # nothing shared: one packed segment per sequence
-        rows = pack_padded(ids, mask, positions, max_tokens_per_row)
-    for row in rows:
+    for row, hidden in _packed_hidden(model, ids, mask, width_t, max(prompt_lengths) > 0, max_tokens_per_row):
         lookup = torch.full((ids.numel(),), -1, dtype=torch.long, device=device)
         lookup[row.source_flat] = row.source_packed
         packed = lookup[last_flat]
         mine = (packed >= 0).nonzero().squeeze(-1)
-        hidden = model.base_model(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False,
-                                  **attention_inputs(model, row)).last_hidden_state[0]
         scores.append(model.score(hidden[packed[mine]]).squeeze(-1).float())
         index.append(mine)
     return torch.zeros(len(sequences), device=device).index_copy(0, torch.cat(index), torch.cat(scores))
+
+
+def token_scores_shared_prompts(model: Any, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int],
+                                pad_id: int, max_tokens_per_row: int | None = None) -> list[torch.Tensor]:
+    """The score head read at every token: one float32 tensor [len(sequence)] per sequence, in
+    token order (its last entry is what :func:`score_shared_prompts` returns), with identical
+    prompts computed once. Differentiable: train-rm's ``loss: on_track`` trains through it."""
+    device = next(model.parameters()).device
+    ids, mask, width_t = reply_layout(sequences, prompt_lengths, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    flat = torch.zeros(ids.numel(), device=device)
+    for row, hidden in _packed_hidden(model, ids, mask, width_t, max(prompt_lengths) > 0, max_tokens_per_row):
+        flat = flat.index_copy(0, row.source_flat, model.score(hidden[row.source_packed]).squeeze(-1).float())
+    width_p = ids.shape[1] - width_t
+    grid = flat.view(ids.shape)
+    return [grid[i, width_p - n:width_p - n + len(seq)] for i, (seq, n) in enumerate(zip(sequences, prompt_lengths))]
 
 
 def score_padded(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
@@ -142,6 +182,33 @@ def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int |
         return score_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id, max_tokens_per_row)
 
     forward_from_scores(model, scores)
+
+
+def use_token_scores_forward(model: Any, pad_id: int, *, share: bool, max_tokens_per_row: int | None = None) -> None:
+    """Make ``model(input_ids, attention_mask)`` of a reward model return, besides its scores at each
+    row's last attended token (``logits`` [B, 1]), the score head read at every position
+    (``token_scores`` [B, S], the input's layout, 0 at pads): what train-rm's ``loss: on_track`` trains.
+    With ``share`` each pair in TRL's ``[chosen..., rejected...]`` order computes its common prefix once
+    (:func:`token_scores_shared_prompts`). Patched on the instance like :func:`use_shared_prompt_forward`,
+    so mixed precision wraps it."""
+    import types
+
+    def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> Any:
+        if share:
+            keep = attention_mask.bool()
+            sequences = [row[k].tolist() for row, k in zip(input_ids, keep)]
+            per_sequence = token_scores_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id,
+                                                       max_tokens_per_row)
+            grid = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+            grid = grid.masked_scatter(keep, torch.cat(per_sequence))  # row-major: each row's tokens in order
+        else:  # the padded batch as given (a GPU without flash-attn: resolve_share_prompt)
+            hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                                     position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+            grid = self.score(hidden).squeeze(-1).float() * attention_mask
+        last = grid[torch.arange(grid.shape[0], device=grid.device), last_token_index(attention_mask)]
+        return _token_scores_output()(logits=last[:, None], token_scores=grid)
+
+    model.forward = types.MethodType(forward, model)
 
 
 def use_last_token_forward(model: Any) -> None:

@@ -14,6 +14,10 @@ instance with a forward that returns ``beta`` x each reply's summed log-probabil
 (:mod:`alignctl.models.reply_likelihood`), the same Bradley-Terry loss applies, and the saved folder
 is a causal LM marked as a likelihood reward model (:mod:`alignctl.models.reward_kind`).
 
+``loss: on_track`` adds a token-level loss read off each pair (where its two replies part:
+:mod:`alignctl.algos.on_track`) through a RewardTrainer subclass (:mod:`alignctl.trainers.rm_on_track`);
+the saved model is an ordinary score-head reward model.
+
 Multi-GPU: as for ``alignctl sft`` (``accelerate launch`` / ``torchrun``, ``trainer.deepspeed``,
 ``trainer.fsdp``); on CPU one process.
 """
@@ -106,18 +110,24 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
             kwargs["max_steps"] = -1
         model = _likelihood_model(cfg, tokenizer, attn, where)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)
+    trainer_class, extra = trl.RewardTrainer, {}
+    if cfg.loss == "on_track":
+        from alignctl.trainers.rm_on_track import OnTrackRewardTrainer
+        trainer_class, extra = OnTrackRewardTrainer, {"bt_weight": cfg.bt_weight}
     trainer = common.make_trainer(
-        lambda: trl.RewardTrainer(model=model, args=args, train_dataset=train, eval_dataset=val,
-                                  processing_class=tokenizer,
-                                  callbacks=[common.progress_callback(progress, "train-rm")]),
+        lambda: trainer_class(model=model, args=args, train_dataset=train, eval_dataset=val, processing_class=tokenizer,
+                              callbacks=[common.progress_callback(progress, "train-rm")], **extra),
         where)
     common.drop_printer_callback(trainer)
     from alignctl.models.blocks import freeze_bottom_layers
     freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, where)
-    from alignctl.models.reward_forward import use_last_token_forward, use_shared_prompt_forward
-    if share:  # (a likelihood model's forward already returns its scores: _likelihood_model)
-        pad = tokenizer.pad_token_id
-        use_shared_prompt_forward(trainer.model, int(pad) if pad is not None else 0)  # pads are never read
+    from alignctl.models.reward_forward import (use_last_token_forward, use_shared_prompt_forward,
+                                                use_token_scores_forward)
+    pad = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0  # pads are never read
+    if cfg.loss == "on_track":  # the last-token scores and the score head at every token
+        use_token_scores_forward(trainer.model, pad, share=share)
+    elif share:  # (a likelihood model's forward already returns its scores: _likelihood_model)
+        use_shared_prompt_forward(trainer.model, pad)
     elif not likelihood:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
         use_last_token_forward(trainer.model)
     return trainer
