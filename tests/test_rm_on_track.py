@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from alignctl.algos.on_track import departure, on_track_loss
 from alignctl.errors import UserError
-from tests.test_reward_model import _rm_trainer, rm_config
+from tests.test_reward_model import _rm_trainer, rm_config, score
 from tests.test_sft import make_arith_setup
 
 
@@ -79,16 +80,20 @@ def test_trainer_loss_equals_the_model_on_each_sequence_alone(small: tuple[Path,
 
 
 def test_on_track_run_end_to_end(small: tuple[Path, Path], tmp_path: Path) -> None:
-    """A short run writes a reward model scored at the last token like any other, and logs the on-track
-    part of the loss."""
+    """A short run reports the on-track part of its loss and writes a reward model that Auto classes load and
+    score at the last token like any other."""
     from alignctl.trainers.reward_model import run_train_rm
 
     data, model = small
     cfg = rm_config(model, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm", "loss=on_track",
                     "optim.lr=1e-3", "trainer.micro_batch_size=4", "trainer.total_epochs=2", "trainer.logging_steps=2")
     result = run_train_rm(cfg, progress=False)
-    assert result.metrics["val/pairs"] == 8 and (result.output_dir / "model.safetensors").exists()
+    m = result.metrics
+    assert m["val/pairs"] == 8 and 0 < m["train/on_track_loss_end"] < 10 and "train/on_track_loss_start" in m
     assert len(set(round(r, 6) for r in result.eval_chosen + result.eval_rejected)) > 8  # not a constant model
+    # The saved folder is an ordinary reward model: Auto classes score a held-out pair as the run did.
+    row = pd.read_parquet(data / "pref_test.parquet").iloc[result.eval_rows[0]]
+    assert score(result.output_dir, list(row.prompt), list(row.chosen)) == pytest.approx(result.eval_chosen[0], abs=1e-4)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

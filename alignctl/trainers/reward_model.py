@@ -197,7 +197,7 @@ def _train(trainer: Any) -> dict[str, float]:
     metrics = {"timing_s/train": elapsed, "train/steps": float(trainer.state.global_step),
                "train/processes": float(trainer.args.world_size),
                "train/bf16": float(trainer.args.bf16)}  # which one trainer.precision resolved to
-    for key in ("loss", "accuracy", "margin"):
+    for key in ("loss", "accuracy", "margin", "on_track_loss"):  # the last only with loss: on_track
         series = common.logged_series(history, key)
         if series:
             metrics[f"train/{key}_start"], metrics[f"train/{key}_end"] = series[0], series[-1]
