@@ -15,7 +15,7 @@ cross-entropy of
     rejected token -> 0   (it has left it: at and after the first differing token)
 
 so the rejected reply's first wrong token, say the ``4`` of ``7 + 5 = 14``, is itself a labelled
-example, next to the chosen ``3``. The last token is where the score is read afterwards (eval, PPO's
+example, next to the ``2`` of the chosen ``12``. The last token is where the score is read afterwards (eval, PPO's
 reward, the audit: unchanged); train-rm adds the Bradley-Terry loss of those last-token scores with a
 weight (``bt_weight``). This is a process reward model's step-level supervision (Lightman et al. 2023;
 Math-Shepherd, Wang et al. 2024) with the steps and their labels read off the pair instead of annotated.
