@@ -35,8 +35,12 @@ print(json.dumps({"faults": faults, "applied": applied}))
 """
 
 
+def env_without_setting() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "ALIGNCTL_CPU_HEAP"}
+
+
 def step_faults(setup: str, env_heap: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "ALIGNCTL_CPU_HEAP"}
+    env = env_without_setting()
     if env_heap is not None:
         env["ALIGNCTL_CPU_HEAP"] = env_heap
     proc = subprocess.run([sys.executable, "-c", LOOP.replace("SETUP", setup)], env=env, capture_output=True,
@@ -107,7 +111,7 @@ def test_a_parked_worker_gives_the_kept_heap_back():
     """return_freed_memory (what a worker parked between runs calls): the 192 MiB the kept heap held
     after the buffers were freed go back to the system."""
     proc = subprocess.run([sys.executable, "-c", RETURN], capture_output=True, text=True, check=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "ALIGNCTL_CPU_HEAP"})
+                          env=env_without_setting())
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["returned"] is True
     assert result["kept"] - result["after"] >= 150, result

@@ -11,17 +11,19 @@ import pandas as pd
 import pytest
 import torch
 
-from alignctl.algos.on_track import departure, on_track_loss
+from alignctl.algos.on_track import on_track_loss
 from alignctl.errors import UserError
+from alignctl.models.reward_forward import pair_prompt_lengths
 from tests.test_reward_model import _rm_trainer, rm_config, score
 from tests.test_sft import make_arith_setup
 
 
-def test_departure_by_hand() -> None:
-    assert departure([1, 2, 3, 4], [1, 2, 9, 9]) == 2
-    assert departure([5, 6], [7, 6]) == 0
+def test_where_pairs_part_by_hand() -> None:
+    """The trainer reads where each pair parts from pair_prompt_lengths ([chosen..., rejected...] order)."""
+    assert pair_prompt_lengths([[1, 2, 3, 4], [1, 2, 9, 9]]) == [2, 2]
+    assert pair_prompt_lengths([[5, 6], [7, 6]]) == [0, 0]
     # one reply a prefix of the other: they part at the shorter one's last token, which is scored
-    assert departure([1, 2, 3], [1, 2, 3, 4, 5]) == 2 and departure([1, 2, 3, 4], [1, 2]) == 1
+    assert pair_prompt_lengths([[1, 2, 3], [1, 2, 3, 4, 5]])[0] == 2 and pair_prompt_lengths([[1, 2, 3, 4], [1, 2]])[0] == 1
 
 
 def test_on_track_loss_by_hand() -> None:

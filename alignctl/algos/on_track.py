@@ -32,25 +32,15 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["departure", "on_track_loss"]
-
-
-def departure(chosen: Sequence[int], rejected: Sequence[int]) -> int:
-    """Where the two replies part: the length of their common prefix, less what would leave either of
-    them without a scored token (a reply that is a prefix of the other parts at its own last token)."""
-    n = 0
-    for a, b in zip(chosen, rejected):
-        if a != b:
-            break
-        n += 1
-    return min(n, len(chosen) - 1, len(rejected) - 1)
+__all__ = ["on_track_loss"]
 
 
 def on_track_loss(chosen_scores: Sequence[torch.Tensor], rejected_scores: Sequence[torch.Tensor],
                   departures: Sequence[int]) -> torch.Tensor:
     """Scalar loss from each pair's per-token scores (``[len(sequence)]`` float tensors, every token
-    in order) and where the pair parts (:func:`departure` of the two token sequences): the token-level
-    cross-entropy above, averaged over all scored tokens of the batch."""
+    in order) and where the pair parts (k_i: the common prefix length of its two token sequences, capped
+    so each keeps a scored token, as ``models.reward_forward.pair_prompt_lengths`` computes it for the
+    shared-prompt forward): the token-level cross-entropy above, averaged over all scored tokens of the batch."""
     if not (len(chosen_scores) == len(rejected_scores) == len(departures)) or not departures:
         raise ValueError(f"{len(chosen_scores)} chosen, {len(rejected_scores)} rejected and {len(departures)} "
                          "departures: expected the same positive number of each")

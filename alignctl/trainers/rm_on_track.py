@@ -12,7 +12,8 @@ from typing import Any
 
 import trl
 
-from alignctl.algos.on_track import departure, on_track_loss
+from alignctl.algos.on_track import on_track_loss
+from alignctl.models.reward_forward import pair_prompt_lengths
 
 __all__ = ["OnTrackRewardTrainer"]
 
@@ -31,7 +32,8 @@ class OnTrackRewardTrainer(trl.RewardTrainer):
         scores = [row[k] for row, k in zip(outputs.token_scores, keep)]
         ids = [row[k].tolist() for row, k in zip(inputs["input_ids"], keep)]
         half = len(ids) // 2  # TRL's collator: the chosen sequences, then the rejected ones
-        on_track = on_track_loss(scores[:half], scores[half:], [departure(c, r) for c, r in zip(ids[:half], ids[half:])])
+        # where each pair parts = the prefix the shared-prompt forward computes once for the pair
+        on_track = on_track_loss(scores[:half], scores[half:], pair_prompt_lengths(ids)[:half])
         self._metrics["train" if self.model.training else "eval"]["on_track_loss"].append(on_track.item())
         loss = on_track + self.bt_weight * bt
         return (loss, outputs) if return_outputs else loss
