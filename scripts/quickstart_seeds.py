@@ -2,10 +2,10 @@
 
     .venv/bin/python scripts/quickstart_seeds.py [--pipeline quickstart|hh_smollm2] [--seeds 0 1 2] [--summary-only]
 
-quickstart: seed ``s`` runs ``alignctl run pipelines/quickstart.yaml`` with the SFT and reward-model
-trainers seeded ``s`` and the RL trainers and prompt shuffles seeded ``s + 1``, so seed 0 is exactly the
-README's command (the RL seeds default to 1). The judge reward model keeps its own seed and data in
-every run, so all seeds are judged the same way.
+quickstart: seed ``s`` runs ``alignctl run pipelines/quickstart.yaml`` with the SFT, verifier and
+reward-model trainers seeded ``s`` and the RL trainers and prompt shuffles seeded ``s + 1``, so seed 0 is exactly the
+README's command (the RL seeds default to 1). The judge (its verifier and reward model) keeps its own
+seed and data in every run; it starts from each seed's SFT model.
 
 hh_smollm2: seed ``s`` seeds the PPO reward model ``s``, the judge ``s + 1`` (its default is 1), and
 PPO and its prompt shuffle ``s + 1`` (their defaults are 1), eval's bootstrap ``s``, so seed 0 is exactly ``alignctl run pipelines/hh_smollm2.yaml``.
@@ -39,7 +39,7 @@ class Pipeline:
 
 def _quickstart_overrides(seed: int) -> list[str]:
     rl = seed + 1
-    return [f"sft.trainer.seed={seed}", f"reward_model.trainer.seed={seed}",
+    return [f"sft.trainer.seed={seed}", f"verifier.trainer.seed={seed}", f"reward_model.trainer.seed={seed}",
             f"grpo.trainer.seed={rl}", f"grpo.data.seed={rl}", f"ppo.trainer.seed={rl}", f"ppo.data.seed={rl}"]
 
 

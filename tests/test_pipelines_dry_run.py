@@ -56,8 +56,9 @@ EXPECTED_GRAPHS: dict[str, dict[str, tuple[str, list[str]]]] = {
     },
     "quickstart.yaml": {
         "base_model": ("import-model", []), "data": ("preprocess", []), "judge_data": ("preprocess", []),
-        "sft": ("sft", ["base_model", "data"]), "reward_model": ("train-rm", ["data", "sft"]),
-        "judge": ("train-rm", ["data", "judge_data", "sft"]), "grpo": ("grpo", ["data", "sft"]),
+        "sft": ("sft", ["base_model", "data"]), "verifier": ("sft", ["data", "sft"]),
+        "reward_model": ("train-rm", ["data", "verifier"]), "judge_verifier": ("sft", ["judge_data", "sft"]),
+        "judge": ("train-rm", ["data", "judge_data", "judge_verifier"]), "grpo": ("grpo", ["data", "sft"]),
         "ppo": ("ppo", ["data", "reward_model", "sft"]), "eval_grpo": ("eval", ["data", "grpo", "judge", "sft"]),
         "eval_ppo": ("eval", ["data", "eval_grpo", "judge", "ppo", "reward_model", "sft"]),
     },
