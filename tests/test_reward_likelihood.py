@@ -194,6 +194,39 @@ def test_zero_steps_keeps_the_start_model_and_reports_its_held_out_accuracy(smal
         rm_config(model_dir, data / "pref_train.parquet", None, tmp_path / "rm2", "trainer.max_steps=0")
 
 
+def test_zero_steps_scores_under_the_trainers_bf16_autocast(small: tuple[Path, Path], tmp_path: Path) -> None:
+    """trainer.precision=bf16 with max_steps 0: nothing trains, so nothing wraps the model's forward in
+    autocast; the held-out pairs must still be scored in bf16 (as a trained model's are, and as eval
+    scores them with rm_precision bf16), not in float32. Reference: the trainer's own batches through the
+    same model, once under torch.autocast(bf16) (must match exactly) and once without (must differ)."""
+    from alignctl.trainers import sft_common as common
+    from alignctl.trainers.reward_model import _prepare_pairs, build_rm_trainer, score_prepared_pairs
+
+    data, model_dir = small
+    cfg = rm_config(model_dir, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm",
+                    "score_from=likelihood", "trainer.max_steps=0", "trainer.precision=bf16")
+    tokenizer = common.load_tokenizer_for_training(str(model_dir), False)
+    raw = common.read_parquet_files([str(data / "pref_test.parquet")], "data.val_files", "pairs")
+    pairs = _prepare_pairs(raw, cfg, tokenizer, "test")
+    trainer = build_rm_trainer(cfg, tokenizer, pairs, pairs, tmp_path / "scratch", progress=False)
+    assert trainer.args.bf16
+    prepared = trainer.eval_dataset  # tokenized by TRL
+    chosen, rejected = score_prepared_pairs(trainer, prepared)
+    got = torch.stack([chosen, rejected], dim=1).flatten()
+
+    def reference(bf16: bool) -> torch.Tensor:
+        scores = []
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            for batch in trainer.get_eval_dataloader(prepared):
+                out = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+                c, r = out.logits.squeeze(-1).float().chunk(2)
+                scores.append(torch.stack([c, r], dim=1).flatten())
+        return torch.cat(scores)
+
+    assert torch.equal(got, reference(bf16=True))
+    assert not torch.allclose(got, reference(bf16=False), rtol=0, atol=1e-4)  # float32 scores differ
+
+
 def test_ppo_reward_worker_scores_a_likelihood_rm_normalised(small: tuple[Path, Path], trained,  # noqa: ANN001
                                                              tmp_path: Path) -> None:
     """PPO's reward-model role on the trained likelihood RM (no Ray: the role object itself): each

@@ -171,14 +171,19 @@ def _filtered_counts(trainer: Any, train: datasets.Dataset, val: datasets.Datase
 
 def score_prepared_pairs(trainer: Any, dataset: datasets.Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards of the chosen and rejected side of each (tokenized) pair, in dataset order, using
-    the trainer's own collator, batch size and device placement."""
+    the trainer's own collator, batch size, device placement and mixed precision.
+
+    The accelerator's autocast is entered here because only ``train()`` wraps the model's forward in
+    it: with ``max_steps: 0`` (a likelihood model scored as it is) the pairs were scored in float32
+    under ``precision: bf16``, at float32's cost. Inside a trained model's wrapped forward the same
+    autocast is entered twice, which changes nothing."""
     import torch
 
     model = trainer.model
     was_training = model.training
     model.eval()
     chosen, rejected = [], []
-    with torch.no_grad():
+    with torch.no_grad(), trainer.accelerator.autocast():
         for batch in trainer.get_eval_dataloader(dataset):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            use_cache=False).logits.squeeze(-1).float()
