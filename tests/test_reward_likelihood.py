@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from alignctl.errors import UserError
-from tests.test_reward_model import rm_config
+from tests.test_reward_model import _rm_trainer, rm_config
 from tests.test_sft import make_arith_setup
 
 
@@ -199,18 +199,14 @@ def test_zero_steps_scores_under_the_trainers_bf16_autocast(small: tuple[Path, P
     autocast; the held-out pairs must still be scored in bf16 (as a trained model's are, and as eval
     scores them with rm_precision bf16), not in float32. Reference: the trainer's own batches through the
     same model, once under torch.autocast(bf16) (must match exactly) and once without (must differ)."""
-    from alignctl.trainers import sft_common as common
-    from alignctl.trainers.reward_model import _prepare_pairs, build_rm_trainer, score_prepared_pairs
+    from alignctl.trainers.reward_model import score_prepared_pairs
 
     data, model_dir = small
-    cfg = rm_config(model_dir, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm",
+    cfg = rm_config(model_dir, data / "pref_test.parquet", None, tmp_path / "rm",
                     "score_from=likelihood", "trainer.max_steps=0", "trainer.precision=bf16")
-    tokenizer = common.load_tokenizer_for_training(str(model_dir), False)
-    raw = common.read_parquet_files([str(data / "pref_test.parquet")], "data.val_files", "pairs")
-    pairs = _prepare_pairs(raw, cfg, tokenizer, "test")
-    trainer = build_rm_trainer(cfg, tokenizer, pairs, pairs, tmp_path / "scratch", progress=False)
+    trainer, _, _ = _rm_trainer(cfg, data / "pref_test.parquet")
     assert trainer.args.bf16
-    prepared = trainer.eval_dataset  # tokenized by TRL
+    prepared = trainer.train_dataset  # tokenized by TRL
     chosen, rejected = score_prepared_pairs(trainer, prepared)
     got = torch.stack([chosen, rejected], dim=1).flatten()
 
