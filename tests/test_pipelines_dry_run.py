@@ -274,3 +274,18 @@ def test_tools_arith_sft_traces_match_the_rollout_tools(tmp_path: Path, monkeypa
     questions = {name: {str(list(p)) for p in pd.read_parquet(data / name)["prompt"]}
                  for name in ("train.parquet", "test.parquet", "sft_train.parquet")}
     assert not questions["test.parquet"] & (questions["train.parquet"] | questions["sft_train.parquet"])
+
+
+def test_quickstart_critic_starts_from_the_ppo_reward_model_never_the_judge():
+    """The judge scores both policies, so no weight of it may train them: the critic starts from the
+    PPO reward model (OpenRLHF's default), and nothing upstream of either RL stage is the judge."""
+    ppo = _rl_config("quickstart.yaml", "ppo")
+    assert ppo.critic.model.path == ppo.reward_model.model.path == "<reward_model>"
+    spec = load(PIPELINES / "quickstart.yaml", [])
+
+    def ancestors(name: str) -> set[str]:
+        ups = set(spec.stages[name].upstream)
+        return ups.union(*(ancestors(u) for u in ups)) if ups else ups
+
+    for rl in ("grpo", "ppo"):
+        assert not {"judge", "judge_verifier", "judge_data"} & ancestors(rl), rl
