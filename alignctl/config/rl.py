@@ -236,7 +236,9 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class CriticModelConfig:
-    path: str | None = field(None, help="Value-model init folder (default: the actor's model.path).")
+    path: str | None = field(None, help="Value-model init folder (default: the actor's model.path): a causal LM, a "
+                                        "reward-model folder (its trunk, and a score head's weights; OpenRLHF's "
+                                        "default for GAE) or a saved critic. The value head of a causal LM starts at zero.")
     use_remove_padding: bool | Literal["auto"] = field("auto", help="Pack sequences in value forwards (auto: see "
                                                                      "actor_rollout_ref.model.use_remove_padding).")
     share_prompt: bool | Literal["auto"] = field("auto", help="Compute each distinct prompt once per packed row in "
