@@ -20,7 +20,7 @@ import yaml
 
 from alignctl.config.core import read_yaml_mapping
 from alignctl.data.rl_dataset import read_prompt_files
-from alignctl.pipeline.runner import load, run_pipeline
+from alignctl.pipeline.runner import _downstream, load, run_pipeline
 from alignctl.pipeline.spec import PipelineSpec
 from conftest import REPO_ROOT, SHARED_DATA, run_cli
 
@@ -281,11 +281,7 @@ def test_quickstart_critic_starts_from_the_ppo_reward_model_never_the_judge():
     PPO reward model (OpenRLHF's default), and nothing upstream of either RL stage is the judge."""
     ppo = _rl_config("quickstart.yaml", "ppo")
     assert ppo.critic.model.path == ppo.reward_model.model.path == "<reward_model>"
-    spec = load(PIPELINES / "quickstart.yaml", [])
-
-    def ancestors(name: str) -> set[str]:
-        ups = set(spec.stages[name].upstream)
-        return ups.union(*(ancestors(u) for u in ups)) if ups else ups
-
-    for rl in ("grpo", "ppo"):
-        assert not {"judge", "judge_verifier", "judge_data"} & ancestors(rl), rl
+    # The runner's own closure (what --force reruns): every stage that transitively reads the judge's.
+    reads_judge = _downstream(load(PIPELINES / "quickstart.yaml", []), {"judge", "judge_verifier", "judge_data"})
+    assert not {"grpo", "ppo"} & reads_judge
+    assert {"eval_grpo", "eval_ppo"} <= reads_judge  # the closure is live: the evals do read the judge
