@@ -248,3 +248,72 @@ def test_ppo_reward_worker_scores_a_likelihood_rm_normalised(small: tuple[Path, 
     for text, score in zip(texts, got.tolist()):
         raw = 0.5 * slow_reply_log_prob(model, tokenizer, prompt, [{"role": "assistant", "content": text}])
         assert score == pytest.approx((raw - config["alignctl_reward_mean"]) / config["alignctl_reward_std"], abs=1e-4)
+
+
+def _conversations(tokenizer: object, rows: pd.DataFrame) -> list[list[int]]:
+    """Token ids of every chosen and rejected conversation, a pair's two next to each other."""
+    seqs = []
+    for k in range(len(rows)):
+        for side in ("chosen", "rejected"):
+            seqs.append(_ids(tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                list(rows.prompt[k]) + list(rows[side][k]), tokenize=True)))
+    return seqs
+
+
+def test_shared_prompt_scores_and_gradients_equal_the_padded_forwards(small: tuple[Path, Path]) -> None:
+    """shared_prompt_likelihood_scores (each prompt once, packed) against likelihood_scores on
+    right-padded rows (every sequence whole), the padded forward being the reference: pairs, a group of
+    three replies to one prompt, a lone reply and a row without the reply marker; the scores and the
+    gradients of their sum agree to float32 rounding, and the shared layout holds fewer tokens."""
+    from transformers import AutoTokenizer
+
+    from alignctl.models.attention import SEGMENT_SDPA
+    from alignctl.models.forward import pack_shared_prompts
+    from alignctl.models.loading import load_causal_lm
+    from alignctl.models.reply_likelihood import likelihood_scores, reply_marker, reply_start, shared_prompt_likelihood_scores
+    from alignctl.models.reward_forward import reply_layout
+
+    data, model_dir = small
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    marker, pad = reply_marker(tokenizer), int(tokenizer.pad_token_id)
+    seqs = _conversations(tokenizer, pd.read_parquet(data / "pref_test.parquet"))[:6]
+    prompt = seqs[0][:reply_start(seqs[0], marker)]
+    seqs += [prompt + seqs[2][reply_start(seqs[2], marker):], [t for t in seqs[1] if t not in marker][:9]]
+    assert reply_start(seqs[-1], marker) == 1  # no marker: scored from its second token
+    padded_model = load_causal_lm(str(model_dir), dtype="float32", attn_implementation="sdpa")
+    shared_model = load_causal_lm(str(model_dir), dtype="float32", attn_implementation=SEGMENT_SDPA)
+
+    ids, mask, _ = reply_layout(seqs, [0] * len(seqs), pad)
+    want = likelihood_scores(padded_model, ids, mask, marker, 0.5)
+    got = shared_prompt_likelihood_scores(shared_model, seqs, marker, 0.5, pad)
+    assert got.shape == (len(seqs),) and torch.allclose(got, want, rtol=0, atol=1e-4)
+    assert float((want[0::2][:3] - want[1::2][:3]).detach().abs().min()) > 1e-3  # a pair's replies score differently
+    want.sum().backward()
+    got.sum().backward()
+    for (name, a), b in zip(padded_model.named_parameters(), shared_model.parameters()):
+        assert a.grad is not None and b.grad is not None, name
+        assert torch.allclose(b.grad, a.grad, rtol=1e-3, atol=1e-5), name
+
+    starts = [reply_start(s, marker) for s in seqs]
+    lay_ids, lay_mask, width_t = reply_layout(seqs, starts, pad)
+    rows = pack_shared_prompts(lay_ids, lay_mask, width_t)
+    assert sum(int(r.input_ids.numel()) for r in rows) < sum(len(s) for s in seqs) - 3 * len(prompt)
+
+
+def test_train_rm_held_out_scores_are_the_same_with_and_without_shared_prompts(small: tuple[Path, Path],
+                                                                              tmp_path: Path) -> None:
+    """train-rm's held-out scoring of a likelihood model (max_steps 0) with ``share_prompt`` on (each pair's
+    prompt once, the CPU default) and off (TRL's padded batches): the same scores to float rounding."""
+    from alignctl.trainers.reward_model import run_train_rm
+
+    data, model_dir = small
+    results = {}
+    for share in ("true", "false"):
+        cfg = rm_config(model_dir, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / f"rm-{share}",
+                        "score_from=likelihood", "trainer.max_steps=0", f"share_prompt={share}")
+        results[share] = run_train_rm(cfg, progress=False)
+    shared, padded = results["true"], results["false"]
+    assert shared.eval_rows == padded.eval_rows and len(shared.eval_rows) == 6
+    assert shared.eval_chosen == pytest.approx(padded.eval_chosen, abs=1e-4)
+    assert shared.eval_rejected == pytest.approx(padded.eval_rejected, abs=1e-4)
+    assert shared.metrics["val/accuracy"] == padded.metrics["val/accuracy"]

@@ -67,8 +67,9 @@ class RewardModelConfig:
     share_prompt: bool | Literal["auto"] = field("auto", help="Compute the part a pair's chosen and rejected sequences "
                                           "share (the prompt and any common start of the answers) once per pair in every "
                                           "forward pass (alignctl/models/reward_forward.py): same scores to float rounding, "
-                                          "fewer tokens. Attention 'auto' then picks alignctl_segment_sdpa. auto: on CPU "
-                                          "only (on an H200 a step of 8 pairs took 222 ms shared, 54 ms padded).")
+                                          "fewer tokens (score_from=likelihood: the prompt, everything before the reply). Attention 'auto' then picks "
+                                          "alignctl_segment_sdpa. auto: on CPU only (on an H200 a step of 8 pairs took 222 ms "
+                                          "shared, 54 ms padded).")
     audit: bool = field(True, help="Before training, run the cheap checks of 'alignctl audit' on the pairs (empty, "
                                    "chosen == rejected, exact duplicates, held-out prompts also in training, length "
                                    "bias) and warn about each finding; false skips them.")

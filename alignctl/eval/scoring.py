@@ -10,7 +10,8 @@ the same scores to float rounding); on a GPU without flash-attn, right-padded ba
 (:func:`~alignctl.models.reward_forward.score_padded`, faster there: ``resolve_packing``).
 
 A likelihood reward model (``train-rm`` with ``score_from: likelihood``, a causal LM) scores a reply by
-``beta`` x its summed log-probability (:mod:`alignctl.models.reply_likelihood`), on right-padded batches.
+``beta`` x its summed log-probability (:mod:`alignctl.models.reply_likelihood`): each distinct prompt
+computed once in packed rows where the score heads' are packed, right-padded batches elsewhere.
 
 Identical token sequences are scored once: it saves work when two models agree, and it makes a
 tie a tie (the same sequence in two differently padded batches could differ in the last bit).
@@ -47,15 +48,13 @@ class RewardScorer:
         from alignctl.models.reward_kind import is_likelihood_reward_folder, likelihood_settings
 
         self.tokenizer = load_tokenizer(path, padding_side="right")
+        # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed;
+        # right-padded batches on a GPU without flash-attn (faster there, resolve_packing).
+        self.packed = resolve_packing(AUTO, device=device)
+        attn = resolve_attn_implementation("auto", device=device, packing=self.packed)
         if is_likelihood_reward_folder(path):  # a causal LM scoring replies by their likelihood
-            self.packed = False
-            attn = resolve_attn_implementation("auto", device=device, packing=False)
             self.model = load_causal_lm(path, dtype=dtype, attn_implementation=attn).to(device).eval()
         else:
-            # Packed rows (shared prompts): the segment kernel on CPU, flash attention where installed;
-            # right-padded batches on a GPU without flash-attn (faster there, resolve_packing).
-            self.packed = resolve_packing(AUTO, device=device)
-            attn = resolve_attn_implementation("auto", device=device, packing=self.packed)
             self.model = load_reward_model(path, dtype=dtype, attn_implementation=attn).to(device).eval()
         self.likelihood = likelihood_settings(self.model.config)  # (reply marker, beta) or None
         if self.model.config.pad_token_id is None:
@@ -133,11 +132,13 @@ class RewardScorer:
         return out
 
     def _likelihood_batch(self, sequences: list[list[int]], pad: int) -> Any:
-        from alignctl.models.reply_likelihood import likelihood_scores
+        from alignctl.models.reply_likelihood import likelihood_scores, shared_prompt_likelihood_scores
         from alignctl.models.reward_forward import reply_layout
 
         assert self.likelihood is not None
         marker, beta = self.likelihood
+        if self.packed:  # each distinct prompt once, its replies packed after it
+            return shared_prompt_likelihood_scores(self.model, sequences, marker, beta, pad)
         ids, mask, _ = reply_layout(sequences, [0] * len(sequences), pad)  # right-padded rows
         return likelihood_scores(self.model, ids.to(self.device), mask.to(self.device), marker, beta)
 

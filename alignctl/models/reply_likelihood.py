@@ -18,6 +18,11 @@ left by a length limit) is scored from its second token: prompt tokens then coun
 replies to one prompt share. Log-probabilities are computed only for the columns at and after the
 earliest reply start of the batch: on the quickstart's pairs the prompt is two thirds of a sequence,
 and the output layer (vocabulary 49152) is a fifth of a forward pass.
+
+:func:`shared_prompt_likelihood_scores` computes the same scores with each distinct prompt (everything
+before a reply) computed once, the replies packed after it (:func:`alignctl.models.forward.compute_log_probs`
+with ``share_prompt``): a pair's two replies, or an RL group's four, then cost one prompt instead of
+two or four, and no padding. The same math; the sums differ from the padded forward's by float rounding.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from typing import Any
 import torch
 
 from alignctl.models.compat import chat_token_ids
+from alignctl.models.forward import compute_log_probs
 from alignctl.models.loading import position_ids_from_mask
-from alignctl.models.reward_forward import common_prefix_length, forward_from_scores
+from alignctl.models.reward_forward import common_prefix_length, forward_from_scores, reply_layout
 
-__all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_start", "token_log_probs_from",
-           "use_likelihood_forward"]
+__all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_start", "shared_prompt_likelihood_scores",
+           "token_log_probs_from", "use_likelihood_forward"]
 
 _PROBE = [{"role": "user", "content": "?"}]
 
@@ -91,9 +97,48 @@ def likelihood_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch
     return beta * reply_log_prob_sums(model, input_ids, attention_mask, starts)
 
 
-def use_likelihood_forward(model: Any, marker: Sequence[int], beta: float) -> None:
+def shared_prompt_likelihood_scores(model: Any, sequences: Sequence[Sequence[int]], marker: Sequence[int], beta: float,
+                                    pad_id: int, max_tokens_per_row: int | None = None) -> torch.Tensor:
+    """Rewards [N] as :func:`likelihood_scores` gives them, with sequences whose prompts (the tokens
+    before the reply) are identical packed after one copy of it (module docstring). Needs a model whose
+    attention can run packed rows (``alignctl_segment_sdpa``, ``sdpa`` or ``eager``; flash attention
+    packs without sharing). Differentiable: train-rm trains through it."""
+    device = next(model.parameters()).device
+    starts = [reply_start(seq, marker) for seq in sequences]
+    ids, mask, width_t = reply_layout(sequences, starts, pad_id)  # the prompt is everything before the reply
+    ids, mask = ids.to(device), mask.to(device)
+    out = compute_log_probs(_ClassForward(model), ids, mask, width_t, position_ids=position_ids_from_mask(mask),
+                            max_tokens_per_row=max_tokens_per_row, share_prompt=True)
+    return beta * out.log_probs.sum(dim=-1)  # pads hold 0
+
+
+class _ClassForward:
+    """``model`` called through its class's forward: train-rm patches the instance's forward to
+    return scores (:func:`use_likelihood_forward`), and the log-probs need the causal LM's own."""
+
+    def __init__(self, model: Any) -> None:
+        self.module = model  # where compute_log_probs looks up the config (as for DDP wrappers)
+
+    def __call__(self, **inputs: Any) -> Any:
+        return type(self.module).forward(self.module, **inputs)
+
+    def parameters(self) -> Any:
+        return self.module.parameters()
+
+
+def _attended_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    return [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
+
+
+def use_likelihood_forward(model: Any, marker: Sequence[int], beta: float, *, share_prompt: bool = False,
+                           pad_id: int = 0) -> None:
     """Make ``model(input_ids, attention_mask)`` of a causal LM return :func:`likelihood_scores` as a
-    classifier's ``logits`` [B, 1], the form ``trl.RewardTrainer`` trains. Patched on the instance;
-    the saved folder stays a plain causal LM."""
+    classifier's ``logits`` [B, 1], the form ``trl.RewardTrainer`` trains; with ``share_prompt``,
+    :func:`shared_prompt_likelihood_scores` of the attended tokens of each row (a pair's prompt once).
+    Patched on the instance; the saved folder stays a plain causal LM."""
     saved = list(marker)
-    forward_from_scores(model, lambda m, ids, mask: likelihood_scores(m, ids, mask, saved, beta))
+    if share_prompt:
+        forward_from_scores(model, lambda m, ids, mask: shared_prompt_likelihood_scores(
+            m, _attended_rows(ids, mask), saved, beta, pad_id).to(ids.device))
+    else:
+        forward_from_scores(model, lambda m, ids, mask: likelihood_scores(m, ids, mask, saved, beta))

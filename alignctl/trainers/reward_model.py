@@ -97,8 +97,7 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
 
     device = resolve_device()
     likelihood = cfg.score_from == "likelihood"
-    # A likelihood reward model scores padded rows (its output layer reads every reply token).
-    share = False if likelihood else resolve_share_prompt(cfg.share_prompt, device=device, packing=True)
+    share = resolve_share_prompt(cfg.share_prompt, device=device, packing=True)
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device=device, packing=share)
     kwargs = common.training_kwargs(cfg, scratch, has_eval=val is not None, max_length=cfg.data.max_length,
                                     attn_implementation=attn)
@@ -108,7 +107,7 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
         kwargs["model_init_kwargs"] = None
         if kwargs["max_steps"] == 0:  # nothing trains (train_reward_model skips it); transformers wants >= -1
             kwargs["max_steps"] = -1
-        model = _likelihood_model(cfg, tokenizer, attn, where)
+        model = _likelihood_model(cfg, tokenizer, attn, where, share=share)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)
     trainer_class, extra = trl.RewardTrainer, {}
     if cfg.loss == "on_track":
@@ -126,16 +125,19 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     pad = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0  # pads are never read
     if cfg.loss == "on_track":  # the last-token scores and the score head at every token
         use_token_scores_forward(trainer.model, pad, share=share)
-    elif share:  # (a likelihood model's forward already returns its scores: _likelihood_model)
+    elif likelihood:  # its forward already returns its scores (_likelihood_model)
+        pass
+    elif share:
         use_shared_prompt_forward(trainer.model, pad)
-    elif not likelihood:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
+    else:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
         use_last_token_forward(trainer.model)
     return trainer
 
 
-def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: str) -> Any:
+def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: str, *, share: bool) -> Any:
     """The start checkpoint as a causal LM whose forward returns ``beta`` x each reply's summed
-    log-probability (:mod:`alignctl.models.reply_likelihood`), marked as such in its config."""
+    log-probability (:mod:`alignctl.models.reply_likelihood`), marked as such in its config;
+    ``share``: a pair's prompt computed once (packed rows)."""
     from alignctl.models.loading import load_causal_lm
     from alignctl.models.reply_likelihood import reply_marker, use_likelihood_forward
     from alignctl.models.reward_kind import mark_likelihood_reward_model
@@ -150,7 +152,8 @@ def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: 
     mark_likelihood_reward_model(model.config, marker, cfg.likelihood_beta)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    use_likelihood_forward(model, marker, cfg.likelihood_beta)
+    pad = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0  # pads are never read
+    use_likelihood_forward(model, marker, cfg.likelihood_beta, share_prompt=share, pad_id=pad)
     return model
 
 
