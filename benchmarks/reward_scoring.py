@@ -1,11 +1,14 @@
-"""Scoring an eval's answers with a reward model: shared prompts and bf16 against padded float32.
+"""Scoring an eval's answers with a reward model: shared prompts and bf16 against padded rows.
 
-Same process, same reward model, same (prompt, answer) conversations, the sides alternating (A B C A
-B C) through :class:`alignctl.eval.scoring.RewardScorer`, the class eval, audit and the RL reward
-worker use. The baseline is the scorer as it was before shared prompts: padded batches of sequences
-sorted by length, float32, score read at the last token (``models.loading.score_last_token``).
-"ours" is each of: shared prompts in float32 (the default), shared prompts under bf16 autocast
-(``rm_precision=bf16``). Ratios are baseline time / ours.
+Same process, same reward model, same (prompt, answer) conversations, the sides alternating (A B C D
+A B C D) through :class:`alignctl.eval.scoring.RewardScorer`, the class eval, audit and the RL reward
+worker use. The baseline is the scorer as it was before shared prompts: padded batches, each sequence
+computed whole; for a score head sorted by length and read at the last token
+(``models.loading.score_last_token``), for a likelihood reward model (``train-rm score_from:
+likelihood``) right-padded rows through ``models.reply_likelihood.likelihood_scores``, loaded with plain
+sdpa. Sides: padded and shared prompts, each in float32 and under bf16 autocast (``rm_precision=bf16``).
+Reported: shared float32 and shared bf16 against padded float32, and shared bf16 against padded bf16.
+Ratios are baseline time / ours.
 
 With ``--eval DIR`` (a finished eval folder: its generations.json and, from its manifest, the
 prompts and the judge) it scores that eval's answers with that judge and also prints how often each
@@ -35,15 +38,26 @@ from alignctl.eval.scoring import RewardScorer, response_conversations  # noqa: 
 class PaddedScorer(RewardScorer):
     """The scorer before shared prompts: padded batches, each sequence computed whole."""
 
+    def __init__(self, path: str, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        if self.likelihood is not None:  # the scorer's own padded path, with the kernel it used
+            from alignctl.models.loading import load_causal_lm
+
+            self.model = load_causal_lm(path, dtype=kwargs["dtype"], attn_implementation="sdpa").to(self.device).eval()
+            self.packed = False
+
     def _score_unique(self, sequences: list[list[int]], prompt_lengths: list[int], description: str) -> list[float]:
         import torch
 
         from alignctl.batch import pad_rows
+        from alignctl.device import autocast
         from alignctl.models.loading import score_last_token
 
+        if self.likelihood is not None:
+            return super()._score_unique(sequences, prompt_lengths, description)
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # less padding
         out = [0.0] * len(sequences)
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.device, self.precision):
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start:start + self.batch_size]
                 ids, mask = pad_rows([sequences[i] for i in chunk], int(self.tokenizer.pad_token_id))
@@ -117,6 +131,7 @@ def main() -> None:
         common = dict(device="cpu", dtype="float32", batch_size=64, max_length=None, normalize=True, progress=False)
         scorers = {"padded float32": PaddedScorer(model, **common),
                    "shared float32": RewardScorer(model, **common),
+                   "padded bf16": PaddedScorer(model, precision="bf16", **common),
                    "shared bf16": RewardScorer(model, precision="bf16", **common)}
         scores = {name: s.score(conversations, name) for name, s in scorers.items()}
         times = time_interleaved({name: (lambda s=s: s.score(conversations, "timed")) for name, s in scorers.items()},
@@ -124,7 +139,7 @@ def main() -> None:
     base = scores["padded float32"]
     setup: dict[str, Any] = {"model": model if args.eval else "random SmolLM2-shaped", "conversations": len(conversations),
                              "threads": threads}
-    for name in ("shared float32", "shared bf16"):
+    for name in ("shared float32", "padded bf16", "shared bf16"):
         setup[f"max_abs_score_gap[{name}]"] = float(np.abs(scores[name] - base).max())
         if prompts:
             ours, theirs = verdicts(scores[name], prompts), verdicts(base, prompts)
@@ -133,11 +148,13 @@ def main() -> None:
     if prompts:
         setup["win_rate[padded float32]"] = float(np.mean((verdicts(base, prompts) + 1) / 2))
     print(json.dumps(setup, indent=1))
-    baseline = summarize(times["padded float32"]["wall"])["median"]
-    for name in ("shared float32", "shared bf16"):
-        json_path = None if args.json is None else f"{args.json.removesuffix('.json')}-{name.replace(' ', '-')}.json"
-        report(f"reward scoring: {name} vs padded float32", summarize(times[name]["wall"])["median"], baseline,
-               "s per scoring pass", setup, higher_is_better=False, json_path=json_path)
+    for name, against in (("shared float32", "padded float32"), ("shared bf16", "padded float32"),
+                          ("shared bf16", "padded bf16")):
+        tag = f"{name}-vs-{against}".replace(" ", "-")
+        json_path = None if args.json is None else f"{args.json.removesuffix('.json')}-{tag}.json"
+        report(f"reward scoring: {name} vs {against}", summarize(times[name]["wall"])["median"],
+               summarize(times[against]["wall"])["median"], "s per scoring pass", setup, higher_is_better=False,
+               json_path=json_path)
 
 
 if __name__ == "__main__":
