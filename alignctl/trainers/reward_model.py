@@ -102,12 +102,13 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     kwargs = common.training_kwargs(cfg, scratch, has_eval=val is not None, max_length=cfg.data.max_length,
                                     attn_implementation=attn)
     where = f"train-rm: model.path '{cfg.model.path}'"
+    pad = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0  # pads are never read
     model: Any = cfg.model.path  # TRL loads it as a sequence classifier with a new score head
     if likelihood:
         kwargs["model_init_kwargs"] = None
         if kwargs["max_steps"] == 0:  # nothing trains (train_reward_model skips it); transformers wants >= -1
             kwargs["max_steps"] = -1
-        model = _likelihood_model(cfg, tokenizer, attn, where, share=share)
+        model = _likelihood_model(cfg, tokenizer, attn, where, share=share, pad_id=pad)
     args = trl.RewardConfig(**kwargs, center_rewards_coefficient=cfg.center_rewards_coefficient or None)
     trainer_class, extra = trl.RewardTrainer, {}
     if cfg.loss == "on_track":
@@ -122,11 +123,10 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     freeze_bottom_layers(trainer.model, cfg.model.freeze_layers, where)
     from alignctl.models.reward_forward import (use_last_token_forward, use_shared_prompt_forward,
                                                 use_token_scores_forward)
-    pad = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0  # pads are never read
+    if likelihood:  # its forward already returns its scores (_likelihood_model)
+        return trainer
     if cfg.loss == "on_track":  # the last-token scores and the score head at every token
         use_token_scores_forward(trainer.model, pad, share=share)
-    elif likelihood:  # its forward already returns its scores (_likelihood_model)
-        pass
     elif share:
         use_shared_prompt_forward(trainer.model, pad)
     else:  # the score at the last attended token, where eval and PPO read it, also when pad == eos
@@ -134,7 +134,8 @@ def build_rm_trainer(cfg: RewardModelConfig, tokenizer: Any, train: datasets.Dat
     return trainer
 
 
-def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: str, *, share: bool) -> Any:
+def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: str, *, share: bool,
+                      pad_id: int) -> Any:
     """The start checkpoint as a causal LM whose forward returns ``beta`` x each reply's summed
     log-probability (:mod:`alignctl.models.reply_likelihood`), marked as such in its config;
     ``share``: a pair's prompt computed once (packed rows)."""
@@ -152,8 +153,7 @@ def _likelihood_model(cfg: RewardModelConfig, tokenizer: Any, attn: str, where: 
     mark_likelihood_reward_model(model.config, marker, cfg.likelihood_beta)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    pad = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0  # pads are never read
-    use_likelihood_forward(model, marker, cfg.likelihood_beta, share_prompt=share, pad_id=pad)
+    use_likelihood_forward(model, marker, cfg.likelihood_beta, share_prompt=share, pad_id=pad_id)
     return model
 
 
