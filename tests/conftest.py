@@ -103,3 +103,19 @@ def tool_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             built = make_tool_model(root)
             complete.write_text(json.dumps({k: str(v) for k, v in built.items()}), encoding="utf-8")
     return {k: Path(v) for k, v in json.loads(complete.read_text(encoding="utf-8")).items()}
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    """A one-process gloo group (a file store, no port), for code that needs torch.distributed
+    (fully_shard); kept when another test of this process already made one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

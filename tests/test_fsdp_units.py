@@ -5,11 +5,9 @@ blocks; the name rule is only a fallback, and it warns."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
 
@@ -73,18 +71,6 @@ def test_fallback_to_the_name_rule_warns() -> None:
         assert len(transformer_blocks(model)) == 2
     with pytest.warns(UserWarning, match="treated as one block"):
         assert transformer_blocks(nn.Linear(2, 2)) == []
-
-
-@pytest.fixture
-def one_process_group(tmp_path) -> Iterator[None]:
-    if dist.is_initialized():  # another test of this process already made one
-        yield
-        return
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama", "gpt2"])

@@ -43,3 +43,16 @@ def test_fused_only_for_plain_tensors_on_devices_with_the_kernel() -> None:
     meta = [nn.Parameter(torch.empty(3, 3, device="meta"))]
     assert not fused_adamw_applies(meta)
     assert build_optimizer(meta, lr=1e-3, weight_decay=0.0, betas=[0.9, 0.999]).defaults["fused"] is False
+
+
+def test_fsdp2_shards_keep_torchs_default_adamw(one_process_group: None) -> None:
+    """FSDP2's parameters are DTensor shards (after fully_shard, where the workers build the optimizer):
+    not fused."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    fully_shard(model)
+    params = list(model.parameters())
+    assert type(params[0]).__name__ == "DTensor"
+    assert not fused_adamw_applies(params)
+    assert build_optimizer(params, lr=1e-3, weight_decay=0.0, betas=[0.9, 0.999]).defaults["fused"] is False
