@@ -35,7 +35,7 @@ import torch
 from alignctl.models.compat import chat_token_ids
 from alignctl.models.forward import compute_log_probs
 from alignctl.models.loading import position_ids_from_mask
-from alignctl.models.reward_forward import common_prefix_length, forward_from_scores, reply_layout
+from alignctl.models.reward_forward import attended_rows, common_prefix_length, forward_from_scores, reply_layout
 
 __all__ = ["likelihood_scores", "reply_log_prob_sums", "reply_marker", "reply_start", "shared_prompt_likelihood_scores",
            "token_log_probs_from", "use_likelihood_forward"]
@@ -93,7 +93,7 @@ def reply_log_prob_sums(model: Any, input_ids: torch.Tensor, attention_mask: tor
 def likelihood_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       marker: Sequence[int], beta: float) -> torch.Tensor:
     """Rewards [B]: ``beta`` x the summed log-probability of each row's reply (module docstring)."""
-    starts = [reply_start(row[keep].tolist(), marker) for row, keep in zip(input_ids, attention_mask.bool())]
+    starts = [reply_start(row, marker) for row in attended_rows(input_ids, attention_mask)]
     return beta * reply_log_prob_sums(model, input_ids, attention_mask, starts)
 
 
@@ -126,10 +126,6 @@ class _ClassForward:
         return self.module.parameters()
 
 
-def _attended_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
-    return [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
-
-
 def use_likelihood_forward(model: Any, marker: Sequence[int], beta: float, *, share_prompt: bool = False,
                            pad_id: int = 0) -> None:
     """Make ``model(input_ids, attention_mask)`` of a causal LM return :func:`likelihood_scores` as a
@@ -139,6 +135,6 @@ def use_likelihood_forward(model: Any, marker: Sequence[int], beta: float, *, sh
     saved = list(marker)
     if share_prompt:
         forward_from_scores(model, lambda m, ids, mask: shared_prompt_likelihood_scores(
-            m, _attended_rows(ids, mask), saved, beta, pad_id).to(ids.device))
+            m, attended_rows(ids, mask), saved, beta, pad_id).to(ids.device))
     else:
         forward_from_scores(model, lambda m, ids, mask: likelihood_scores(m, ids, mask, saved, beta))

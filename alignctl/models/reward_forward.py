@@ -28,7 +28,7 @@ import torch
 from alignctl.models.forward import attention_inputs, pack_for_model, pack_padded
 from alignctl.models.loading import last_token_index, position_ids_from_mask, score_last_token
 
-__all__ = ["common_prefix_length", "forward_from_scores", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout",
+__all__ = ["attended_rows", "common_prefix_length", "forward_from_scores", "group_prompt_lengths", "pair_prompt_lengths", "reply_layout",
            "score_padded", "score_shared_prompts", "token_scores_shared_prompts", "use_last_token_forward",
            "use_shared_prompt_forward", "use_token_scores_forward"]
 
@@ -169,6 +169,11 @@ def score_padded(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) ->
     return score_last_token(model, ids.to(device), mask.to(device))
 
 
+def attended_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """The attended token ids of each row of a padded batch (either side)."""
+    return [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
+
+
 def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int | None = None) -> None:
     """Make ``model(input_ids, attention_mask)`` of a reward model return its scores through
     :func:`score_shared_prompts`, each sequence sharing its common prefix with its partner in TRL's
@@ -178,7 +183,7 @@ def use_shared_prompt_forward(model: Any, pad_id: int, max_tokens_per_row: int |
     the saved folder are unchanged."""
 
     def scores(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        sequences = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool())]
+        sequences = attended_rows(input_ids, attention_mask)
         return score_shared_prompts(self, sequences, pair_prompt_lengths(sequences), pad_id, max_tokens_per_row)
 
     forward_from_scores(model, scores)
