@@ -365,13 +365,31 @@ def run(
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run this stage (and downstream) even if cached.")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Stop after this stage.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and validate every stage; run nothing.")] = False,
+    sequential: Annotated[bool, typer.Option("--sequential", help="One stage at a time in this process, each on "
+                                                                   "every core, whatever the stages' cpu_share says.")] = False,
 ) -> None:
     """Run a pipeline's stages in order, skipping those whose artifacts are cached."""
     from alignctl.pipeline.runner import load, run_pipeline
     from alignctl.pipeline.summary import print_summary
 
     spec = load(pipeline, overrides or [])
-    print_summary(run_pipeline(spec, force=force or [], until=until, dry_run=dry_run))
+    print_summary(run_pipeline(spec, force=force or [], until=until, dry_run=dry_run, sequential=sequential))
+
+
+@app.command("_stage", hidden=True)
+def stage_process(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
+    name: Annotated[str, typer.Argument(help="The stage to build.")],
+    overrides: OverridesArg = None,
+    cores: Annotated[str, typer.Option("--cores", help="Comma-separated core ids to run on.")] = "",
+) -> None:
+    """One stage of ``alignctl run`` in a process of its own, held to ``--cores`` (started by the run itself)."""
+    from alignctl.cores import pin_to_cores
+    from alignctl.pipeline.runner import load, run_one_stage
+
+    if cores:
+        pin_to_cores([int(core) for core in cores.split(",")])
+    run_one_stage(load(pipeline, overrides or []), name)
 
 
 @app.command()

@@ -55,10 +55,11 @@ def test_default_is_one_hybrid_pool_and_pools_resolve_from_trainer_keys(tmp_path
 
 def test_cpus_per_worker_auto_shares_this_machines_cores_among_one_nodes_workers(tmp_path):
     from alignctl.config.placement import auto_cpus_per_worker, pool_shapes
+    from alignctl.cores import available_cores
 
     # By hand: cores // workers on a node, at least 1.
     assert [auto_cpus_per_worker(w, cores=16) for w in (1, 2, 3, 4, 32)] == [16, 8, 5, 4, 1]
-    cores = os.cpu_count() or 1
+    cores = available_cores()  # this process's affinity mask: every core unless pinned
     cfg = _config(tmp_path, "algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=2", "trainer.cpus_per_worker=auto")
     assert pool_shapes(cfg.trainer, cfg.roles)["global_pool"].cpus == max(1, cores // 2)
     # Three pools: 2 + 1 + 1 workers counted together; a pool's own number is kept.

@@ -9,12 +9,12 @@ config, before Ray starts.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from alignctl.config.core import field
+from alignctl.cores import available_cores
 from alignctl.errors import UserError
 
 DEFAULT_POOL = "global_pool"
@@ -94,10 +94,11 @@ def pool_shapes(trainer: Any, roles: tuple[str, ...] = ROLES, gpus_default: int 
 
 
 def auto_cpus_per_worker(workers_per_node: int, cores: int | None = None) -> int:
-    """``cpus_per_worker: auto``: this machine's cores shared evenly by the workers of one node, at
+    """``cpus_per_worker: auto``: the cores this process may use (``cores.available_cores``: the
+    machine's, or a pipeline stage's share of them) shared evenly by the workers of one node, at
     least 1 each. Pools are counted as if they shared the node, so separate pools never ask for more
     threads than there are cores."""
-    cores = cores if cores is not None else (os.cpu_count() or 1)
+    cores = cores if cores is not None else available_cores()
     return max(1, cores // max(1, workers_per_node))
 
 

@@ -365,7 +365,9 @@ class TrainerConfig:
     n_gpus_per_node: int = field(1, ge=1, help="Workers per node (GPUs; on CPU, worker processes).")
     device: str = field("auto", help="Device of the workers.", choices=("auto", "cpu", "cuda"))
     cpus_per_worker: int | Literal["auto"] = field(1, ge=1, help="CPU cores (and torch threads) given to each worker. auto: "
-                                                                 "the cores of the machine alignctl runs on, shared "
+                                                                 "the cores alignctl may use on this machine (its "
+                                                                 "affinity mask: all of them, or a pipeline stage's "
+                                                                 "cpu_share), shared "
                                                                  "evenly by the workers one node holds (every pool's "
                                                                  "workers_per_node together), at least 1; on a cluster "
                                                                  "whose nodes differ from this machine, give a number.")

@@ -1,5 +1,10 @@
 """``alignctl run`` and ``alignctl status``: run a pipeline's stages in order, reusing every
-artifact whose key is unchanged, rebuilding a changed stage and everything downstream of it."""
+artifact whose key is unchanged, rebuilding a changed stage and everything downstream of it.
+
+Stages run one after the other in this process, each on every core, unless a stage to run has a
+``cpu_share`` below 1: then every stage to run gets a process of its own and independent stages run
+side by side (``pipeline/concurrent.py``); ``sequential=True`` (``alignctl run --sequential``) keeps
+the one-process order whatever the shares say."""
 
 from __future__ import annotations
 
@@ -10,13 +15,16 @@ from typing import Any
 
 from alignctl.config.core import seed_settings, to_dict
 from alignctl.console import console
+from alignctl.cores import available_cores
 from alignctl.errors import UserError
+from alignctl.pipeline import concurrent
 from alignctl.pipeline.cache import (StageState, artifact_dir, check_workdir, clear, stage_keys, stage_state,
                                      typed_config, workdir_lock)
-from alignctl.pipeline.manifest import write_manifest
+from alignctl.pipeline.manifest import read_manifest, write_manifest
 from alignctl.pipeline.spec import PipelineSpec, load_pipeline, substitute
 from alignctl.preflight import preflight
 from alignctl.pipeline.stages import STAGE_KINDS
+from alignctl.pipeline.summary import headline
 
 
 @dataclass
@@ -63,7 +71,8 @@ def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -
     seconds = time.perf_counter() - start
     folder.mkdir(parents=True, exist_ok=True)
     write_manifest(folder, stage=stage.kind, config=to_dict(cfg), key=key, metrics=metrics, wall_time_s=seconds,
-                   inputs={up: paths[up] for up in stage.upstream}, extra={"name": name})
+                   inputs={up: paths[up] for up in stage.upstream},
+                   extra={"name": name, "cpu_cores": available_cores()})  # threads set the float rounding
     return StageOutcome(name, stage.kind, "ran", folder, key, seconds, metrics)
 
 
@@ -109,7 +118,7 @@ def _stage_preflight(spec: PipelineSpec, name: str, cfg: Any, pending: list[str]
 
 
 def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: str | None = None,
-                 dry_run: bool = False) -> list[StageOutcome]:
+                 dry_run: bool = False, sequential: bool = False) -> list[StageOutcome]:
     force = force or []
     _check_names(spec, force + ([until] if until else []), "--force/--until")
     keys = stage_keys(spec)  # resolves and validates every stage's config before anything runs
@@ -127,6 +136,9 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
             outcomes.append(StageOutcome(name, spec.stages[name].kind, f"planned ({state.state})", state.path, key))
         return outcomes
     with workdir_lock(spec.workdir):
+        to_build = [n for n in to_run if stage_state(spec, n, keys[n]).state != "cached" or n in forced]
+        if not sequential and any(spec.stages[n].cpu_share < 1.0 for n in to_build):
+            return _run_side_by_side(spec, keys, to_run, to_build)
         for name, key in keys.items():
             state = stage_state(spec, name, key)
             if state.state == "cached" and name not in forced:
@@ -138,6 +150,47 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
             if name == until:
                 break
     return outcomes
+
+
+def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], to_run: list[str],
+                      to_build: list[str]) -> list[StageOutcome]:
+    """Every stage to build in a process of its own, independent ones at once as their shares fit."""
+    paths = {name: artifact_dir(spec, name, key) for name, key in keys.items()}
+    outcomes = {name: _cached_outcome(spec, name, keys[name]) for name in to_run if name not in to_build}
+    for outcome in outcomes.values():
+        console.print(f"[green]cached[/] {outcome.name} -> {outcome.path}")
+    total = available_cores()
+    jobs = [concurrent.Job(name, concurrent.stage_cores(spec.stages[name].cpu_share, total),
+                           tuple(up for up in spec.stages[name].upstream if up in to_build)) for name in to_build]
+
+    def finished(item: Any) -> None:
+        name = item.job.name
+        manifest = read_manifest(paths[name]) or {}
+        outcome = StageOutcome(name, spec.stages[name].kind, "ran", paths[name], keys[name],
+                               float(manifest.get("wall_time_s", 0.0)), manifest.get("metrics", {}))
+        outcomes[name] = outcome
+        console.print(f"[green]finished[/] {name} in {outcome.seconds:.1f}s: "
+                      f"{headline(outcome.kind, outcome.metrics)}")
+
+    logs = concurrent.log_folder(spec.workdir)
+    launch = concurrent.launcher(spec.path, spec.overrides, logs, keys)
+    concurrent.run_jobs(jobs, set(), launch, finished)
+    return [outcomes[name] for name in to_run]
+
+
+def _cached_outcome(spec: PipelineSpec, name: str, key: str) -> StageOutcome:
+    state = stage_state(spec, name, key)
+    return StageOutcome(name, spec.stages[name].kind, "cached", state.path, key,
+                        metrics=(state.manifest or {}).get("metrics", {}))
+
+
+def run_one_stage(spec: PipelineSpec, name: str) -> StageOutcome:
+    """One stage of a pipeline whose other stages are built or being built (a stage process of
+    ``_run_side_by_side``, whose parent holds the workdir lock): build it even if cached."""
+    _check_names(spec, [name], "stage")
+    keys = stage_keys(spec)
+    paths = {n: str(artifact_dir(spec, n, key)) for n, key in keys.items()}
+    return _run_stage(spec, name, keys[name], paths)
 
 
 def pipeline_status(spec: PipelineSpec) -> list[StageState]:

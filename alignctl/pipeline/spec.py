@@ -8,6 +8,10 @@
 
 ``${name}`` (optionally followed by ``/sub/path``) in any string value is the artifact folder of
 stage ``name``; it makes ``name`` an upstream of the stage. Stages run in dependency order.
+
+A stage may also say ``cpu_share: 0.5`` (a number in (0, 1], default 1): it then runs in a process of
+its own on that share of the machine's cores, beside other stages whose inputs are ready and whose
+shares fit (``pipeline/concurrent.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class StageSpec:
     kind: str
     config: dict[str, Any]
     upstream: list[str] = field(default_factory=list)
+    cpu_share: float = 1.0  # of the cores alignctl may use; below 1 the stage may run beside others
 
 
 @dataclass
@@ -38,6 +43,7 @@ class PipelineSpec:
     path: Path
     workdir: Path
     stages: dict[str, StageSpec]  # in run (topological) order
+    overrides: list[str] = field(default_factory=list)  # as given on the command line (a stage process reloads them)
 
 
 def references(value: Any) -> set[str]:
@@ -68,16 +74,30 @@ def _stage(path: Path, name: str, raw: Any, kinds: set[str]) -> StageSpec:
         raise UserError(f"{where}: stage names may hold letters, digits, '_' and '-' only")
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping with 'kind' and 'config'")
-    unknown = set(raw) - {"kind", "config"}
+    unknown = set(raw) - {"kind", "config", "cpu_share"}
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; expected 'kind' and 'config'")
+        raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; expected 'kind', 'config' and optionally 'cpu_share'")
     kind = raw.get("kind")
     if kind not in kinds:
         raise UserError(f"{where}: 'kind' expected one of {', '.join(sorted(kinds))}, got {kind!r}")
     config = raw.get("config") or {}
     if not isinstance(config, dict):
         raise UserError(f"{where}: 'config' expected a mapping of config keys")
-    return StageSpec(str(name), kind, copy.deepcopy(config))
+    return StageSpec(str(name), kind, copy.deepcopy(config), cpu_share=_cpu_share(where, raw.get("cpu_share", 1.0)))
+
+
+def _cpu_share(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise UserError(f"{where}: 'cpu_share' expected a number in (0, 1] (the share of the machine's cores the "
+                        f"stage runs on), got {value!r}")
+    return float(value)
+
+
+def _number(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _order(path: Path, stages: dict[str, StageSpec]) -> dict[str, StageSpec]:
@@ -123,6 +143,8 @@ def load_pipeline(path: str | Path, overrides: list[str], kinds: set[str]) -> Pi
         head, _, rest = text.partition(".")
         if text.startswith("workdir="):
             workdir = text.partition("=")[2]
+        elif head in stages and rest.startswith("cpu_share="):
+            stages[head].cpu_share = _cpu_share(f"command-line override {text!r}", _number(rest.partition("=")[2]))
         elif head in stages and rest:
             apply_overrides(stages[head].config, [rest])
         else:
@@ -130,4 +152,4 @@ def load_pipeline(path: str | Path, overrides: list[str], kinds: set[str]) -> Pi
                             f"{', '.join(stages)} (or workdir=PATH)")
     if not isinstance(workdir, str) or not workdir.strip():
         raise UserError(f"{path}: 'workdir' expected a folder path, got {workdir!r}")
-    return PipelineSpec(path, Path(workdir).expanduser(), _order(path, stages))
+    return PipelineSpec(path, Path(workdir).expanduser(), _order(path, stages), list(overrides))

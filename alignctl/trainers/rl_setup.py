@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import ray
 from alignctl.config.core import to_dict
 from alignctl.config.placement import pool_shapes, pool_size_key, role_pools
 from alignctl.console import console
+from alignctl.cores import available_cores
 from alignctl.config.rl import RLConfig
 from alignctl.device import cuda_available, resolve_device
 from alignctl.data.rl_dataset import PromptLoader, RLPromptDataset, load_dataset_class
@@ -104,7 +104,7 @@ def check_local_fit(cfg: RLConfig, pools: dict[str, ResourcePool] | None = None)
     nodes, more GPUs than there are). Returns the CPUs to start it with. Preflight runs this too,
     so ``--dry-run`` catches it."""
     pools = pools if pools is not None else run_pools(cfg)
-    num_cpus = max(os.cpu_count() or 1, sum(p.world_size * p.cpus for p in pools.values()))
+    num_cpus = max(available_cores(), sum(p.world_size * p.cpus for p in pools.values()))
     local = {"CPU": float(num_cpus), "GPU": float(_local_gpus())}
     check_fit(pools, [local], pool_keys(cfg, pools), "this machine (a local Ray cluster is one node)")
     return num_cpus

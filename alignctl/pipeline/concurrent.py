@@ -1,0 +1,183 @@
+"""Stages side by side: a pipeline stage with ``cpu_share`` below 1 runs in a process of its own, held
+to its share of the cores, beside other stages whose inputs are built and whose shares fit.
+
+Why: on a few CPU cores one stage uses them poorly. torch splits every small matrix product of a
+decode step or a micro-batch over its threads, with a cost per split: on 2 cores, a SmolLM2 rollout
+took 7.8 s on 2 threads and 11.5 s on 1 thread while a second 1-thread process ran the same on the
+other core (a training pass 12.9 s against 18.4 s). Two independent stages on one core each are
+done sooner than the two one after the other on both cores (``make -j``, Snakemake's ``threads``).
+
+Numbers stay reproducible: a stage's cores (hence its torch threads and their reduction order) follow
+from its share and the cores alignctl may use, never from which stages happen to run beside it; only
+when stages start and end depends on timing. Each stage process writes its console output to
+``<workdir>/logs/<stage>-<key12>.log``; this process shows which stages run and prints each one's
+headline as it ends. A stage that fails stops the others (they leave no artifact: a stage folder is
+complete only with its manifest) and its error line is the run's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from alignctl.console import console, progress_enabled
+from alignctl.cores import available_cores
+from alignctl.errors import RunFailed, UserError
+from alignctl.pipeline.ownership import is_empty_dir, is_owned, mark_owned
+
+LOG_FOLDER = "logs"
+_STOP_WAIT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A stage waiting to run: its cores and the stages it reads."""
+
+    name: str
+    cores: int
+    upstream: tuple[str, ...]
+
+
+def stage_cores(share: float, total: int) -> int:
+    """Whole cores for a share of ``total``: rounded down, at least 1, at most ``total``."""
+    return max(1, min(total, int(share * total + 1e-9)))
+
+
+def next_job(pending: list[Job], built: set[str], free: int) -> Job | None:
+    """The first job in run order whose inputs are all built and whose cores are free (a later job
+    may start before an earlier one that does not fit yet)."""
+    for job in pending:
+        if job.cores <= free and all(up in built for up in job.upstream):
+            return job
+    return None
+
+
+@dataclass
+class _Running:
+    job: Job
+    cores: list[int]
+    process: subprocess.Popen[bytes]
+    log: Path
+    started: float
+
+
+def log_folder(workdir: Path) -> Path:
+    """``<workdir>/logs``, created and marked as alignctl's; a folder of the user's there is refused."""
+    folder = workdir / LOG_FOLDER
+    if folder.exists() and not (folder.is_dir() and (is_empty_dir(folder) or is_owned(folder))):
+        raise UserError(f"{folder}: exists and was not created by alignctl; refusing to write stage logs into it "
+                        f"(move it, or choose a new workdir)")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not is_owned(folder):
+        mark_owned(folder, "pipeline stage logs")
+    return folder
+
+
+def stage_command(pipeline: Path, overrides: list[str], name: str, cores: list[int]) -> list[str]:
+    """The command line of one stage process (the hidden ``alignctl _stage`` command)."""
+    return [sys.executable, "-m", "alignctl", "_stage", str(pipeline), name,
+            "--cores", ",".join(map(str, cores)), *overrides]
+
+
+def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]], _Running],
+             finished: Callable[[_Running], None], poll_s: float = 0.5) -> None:
+    """Run ``jobs`` as cores free up: ``launch`` starts one on the given core ids, ``finished`` is
+    called once it exited with status 0. A failing job stops the others and raises."""
+    free = _core_ids()
+    pending, running = list(jobs), []
+    bars = _running_bars()
+    try:
+        with bars:
+            while pending or running:
+                while (job := next_job(pending, built, len(free))) is not None:
+                    cores, free = free[: job.cores], free[job.cores:]
+                    running.append(launch(job, cores))
+                    pending.remove(job)
+                    bars.add_task(job.name, total=None)
+                if not running:
+                    raise RunFailed(f"stages {[j.name for j in pending]} can never start: their inputs are not built")
+                time.sleep(poll_s)
+                for item in [r for r in running if r.process.poll() is not None]:
+                    running.remove(item)
+                    free = sorted(free + item.cores)
+                    _drop_bar(bars, item.job.name)
+                    if item.process.returncode != 0:
+                        raise _failure(item)
+                    built.add(item.job.name)
+                    finished(item)
+    finally:
+        _stop(running)
+
+
+def _running_bars() -> Progress:
+    """One line per running stage with its time so far, for a person at a terminal (nothing in CI logs)."""
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not progress_enabled())
+
+
+def _drop_bar(bars: Progress, name: str) -> None:
+    for task in bars.tasks:
+        if task.description == name:
+            bars.remove_task(task.id)
+
+
+def launcher(pipeline: Path, overrides: list[str], logs: Path, keys: dict[str, str]) -> Callable[[Job, list[int]], _Running]:
+    def launch(job: Job, cores: list[int]) -> _Running:
+        log = logs / f"{job.name}-{keys[job.name][:12]}.log"
+        handle = log.open("wb")
+        env = {**os.environ, "COLUMNS": os.environ.get("COLUMNS", "140")}
+        process = subprocess.Popen(stage_command(pipeline, overrides, job.name, cores), stdout=handle,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   start_new_session=True)  # its own process group: stopped as one, Ray included
+        handle.close()
+        word = "core" if len(cores) == 1 else "cores"
+        console.print(f"[cyan]started[/] {job.name} on {len(cores)} {word} (log: {log})")
+        return _Running(job, cores, process, log, time.perf_counter())
+
+    return launch
+
+
+def _core_ids() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(available_cores()))
+
+
+def _failure(item: _Running) -> Exception:
+    """The stage's own last line (its one-line error) as this run's error, with the exit status it had."""
+    lines = [line for line in item.log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else f"exit status {item.process.returncode}"
+    last = last.removeprefix("error: ")
+    message = f"stage {item.job.name!r} failed: {last} (log: {item.log})"
+    return UserError(message) if item.process.returncode == UserError.exit_code else RunFailed(message)
+
+
+def _stop(running: list[_Running]) -> None:
+    """Stop stages still running (after a failure or Ctrl-C): their process groups, politely first."""
+    for item in running:
+        _signal_group(item.process, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_WAIT_S
+    for item in running:
+        try:
+            item.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(item.process, signal.SIGKILL)
+            item.process.wait()
+        console.print(f"[yellow]stopped[/] {item.job.name} (log: {item.log})")
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
