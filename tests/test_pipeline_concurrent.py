@@ -158,3 +158,39 @@ def test_pinned_process_sees_its_cores_only():
             "print(available_cores(), auto_cpus_per_worker(1), torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", "1", "1", "1"]
+
+
+TERMINATED_PARENT = """
+import subprocess, sys, time
+from pathlib import Path
+from alignctl.pipeline import concurrent
+from alignctl.pipeline.concurrent import Job
+
+def launch(job, cores):
+    log = Path(sys.argv[1]) / (job.name + ".log")
+    with log.open("wb") as handle:
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], stdout=handle,
+                                   start_new_session=True)
+    print(process.pid, flush=True)
+    return concurrent._Running(job, cores, process, log, time.perf_counter())
+
+concurrent.run_jobs([Job("slow", 1, ())], set(), launch, lambda item: None, poll_s=0.05)
+"""
+
+
+def test_a_terminated_run_stops_its_stage_processes(tmp_path):
+    """SIGTERM to ``alignctl run`` (a scheduler, a shell's kill) ends the stages with it, not orphans."""
+    parent = subprocess.Popen([sys.executable, "-c", TERMINATED_PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, 15)
+    assert parent.wait(timeout=30) == 128 + 15
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the stage process outlived the terminated run")

@@ -95,6 +95,7 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
     free = _core_ids()
     pending, running = list(jobs), []
     bars = _running_bars()
+    previous = _exit_on_termination()
     try:
         with bars:
             while pending or running:
@@ -116,6 +117,23 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
                     finished(item)
     finally:
         _stop(running)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exit_on_termination() -> dict[signal.Signals, object]:
+    """SIGTERM / SIGHUP end this process through its ``finally`` blocks (Python's default would end it
+    at once), so the stage processes are stopped with it instead of running on. Returns the old handlers."""
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous: dict[signal.Signals, object] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, leave)
+        except ValueError:  # not the main thread (an API caller's worker thread): handlers stay as they are
+            break
+    return previous
 
 
 def _running_bars() -> Progress:
