@@ -83,18 +83,19 @@ def test_stages_with_half_shares_run_side_by_side_on_one_core_each(tmp_path):
     path.write_text(PIPELINE.format(workdir=tmp_path / "work"))
     result = run_cli("run", str(path))
     assert result.code == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("started", "finished"))]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("started", "finished")) or
+             "model (init-model)" in line]
     # Both half-share stages start before either ends (the scheduler starts every job that fits
-    # before it waits), and the full-share model only after data, the stage it reads.
+    # before it waits); the full-share model runs in this process (its report in this output), after
+    # both: it needs every core.
     assert [line.split()[:2] for line in lines[:2]] == [["started", "data"], ["started", "other"]]
-    assert lines.index(next(x for x in lines if x.startswith("started model"))) > \
-        lines.index(next(x for x in lines if x.startswith("finished data")))
+    assert {line.split()[1] for line in lines[2:4]} == {"data", "other"} and "model (init-model)" in lines[4]
     manifests = {p.name.split("-")[0]: json.loads((p / "manifest.json").read_text())
                  for p in (tmp_path / "work").iterdir() if (p / "manifest.json").exists()}
     assert {name: m["cpu_cores"] for name, m in manifests.items()} == {"data": 1, "other": 1,
                                                                        "model": available_cores()}
     logs = sorted(p.name.split("-")[0] for p in (tmp_path / "work" / "logs").glob("*.log"))
-    assert logs == ["data", "model", "other"]
+    assert logs == ["data", "other"]
     # Run again: every stage cached, none started.
     again = run_cli("run", str(path))
     assert again.code == 0 and "started" not in again.stdout and again.stdout.count("cached") >= 3
@@ -140,6 +141,25 @@ def test_a_failing_stage_stops_the_others_and_its_error_line_is_the_runs(tmp_pat
         concurrent.run_jobs(jobs, set(), tracking, lambda item: None, poll_s=0.05)
     assert "after" not in started  # nothing downstream of the failure starts
     assert time.monotonic() - begin < 30  # the 60-second sibling was stopped, not waited for
+
+
+@two_cores
+def test_a_job_taking_every_core_runs_here_once_the_others_are_done(tmp_path):
+    commands = {name: [sys.executable, "-c", "import time; time.sleep(0.5)"] for name in ("a", "b", "late")}
+    events: list[str] = []
+    launch = _launch_command(commands, tmp_path)
+
+    def tracking(job, cores):
+        events.append(f"start {job.name} {len(cores)}")
+        return launch(job, cores)
+
+    jobs = [Job("a", 1, ()), Job("whole", available_cores(), ("a",)), Job("b", 1, ()), Job("late", 1, ("whole",))]
+    concurrent.run_jobs(jobs, set(), tracking, lambda job: events.append(f"done {job.name}"),
+                        run_here=lambda job: events.append(f"here {job.name}"), poll_s=0.05)
+    assert events[:2] == ["start a 1", "start b 1"]
+    here = events.index("here whole")
+    assert {"done a", "done b"} <= set(events[:here])  # every core free before it runs
+    assert events[here + 1:] == ["done whole", "start late 1", "done late"]
 
 
 def test_a_crashing_stage_is_a_run_failure_exit_1(tmp_path):

@@ -12,7 +12,8 @@ from its share and the cores alignctl may use, never from which stages happen to
 when stages start and end depends on timing. Each stage process writes its console output to
 ``<workdir>/logs/<stage>-<key12>.log``; this process shows which stages run and prints each one's
 headline as it ends. A stage that fails stops the others (they leave no artifact: a stage folder is
-complete only with its manifest) and its error line is the run's.
+complete only with its manifest) and its error line is the run's. A stage with share 1 runs alone,
+in this process, exactly as ``alignctl run --sequential`` runs it.
 """
 
 from __future__ import annotations
@@ -89,33 +90,48 @@ def stage_command(pipeline: Path, overrides: list[str], name: str, cores: list[i
 
 
 def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]], _Running],
-             finished: Callable[[_Running], None], poll_s: float = 0.5) -> None:
-    """Run ``jobs`` as cores free up: ``launch`` starts one on the given core ids, ``finished`` is
-    called once it exited with status 0. A failing job stops the others and raises."""
+             finished: Callable[[Job], None], run_here: Callable[[Job], None] | None = None,
+             poll_s: float = 0.5) -> None:
+    """Run ``jobs`` as cores free up: ``launch`` starts one in a process of its own on the given core
+    ids; a job that takes every core runs alone, through ``run_here`` in this process when given (as
+    ``--sequential`` would run it: no process start-up, the warm heap). ``finished`` is called for
+    each job built. A failing job stops the others and raises."""
     free = _core_ids()
+    every_core = len(free)
     pending, running = list(jobs), []
     bars = _running_bars()
     previous = _exit_on_termination()
     try:
-        with bars:
-            while pending or running:
-                while (job := next_job(pending, built, len(free))) is not None:
-                    cores, free = free[: job.cores], free[job.cores:]
-                    running.append(launch(job, cores))
-                    pending.remove(job)
-                    bars.add_task(job.name, total=None)
+        while pending or running:
+            job = next_job(pending, built, len(free))
+            if job is not None and run_here is not None and job.cores == every_core:
+                pending.remove(job)  # nothing runs beside it: every core is free
+                run_here(job)
+                built.add(job.name)
+                finished(job)
+                continue
+            while job is not None:
+                cores, free = free[: job.cores], free[job.cores:]
+                running.append(launch(job, cores))
+                pending.remove(job)
+                bars.start()
+                bars.add_task(job.name, total=None)
+                job = next_job(pending, built, len(free))
+            if not running:
+                raise RunFailed(f"stages {[j.name for j in pending]} can never start: their inputs are not built")
+            time.sleep(poll_s)
+            for item in [r for r in running if r.process.poll() is not None]:
+                running.remove(item)
+                free = sorted(free + item.cores)
+                _drop_bar(bars, item.job.name)
                 if not running:
-                    raise RunFailed(f"stages {[j.name for j in pending]} can never start: their inputs are not built")
-                time.sleep(poll_s)
-                for item in [r for r in running if r.process.poll() is not None]:
-                    running.remove(item)
-                    free = sorted(free + item.cores)
-                    _drop_bar(bars, item.job.name)
-                    if item.process.returncode != 0:
-                        raise _failure(item)
-                    built.add(item.job.name)
-                    finished(item)
+                    bars.stop()
+                if item.process.returncode != 0:
+                    raise _failure(item)
+                built.add(item.job.name)
+                finished(item.job)
     finally:
+        bars.stop()
         _stop(running)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

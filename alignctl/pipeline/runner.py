@@ -154,7 +154,8 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
 
 def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], to_run: list[str],
                       to_build: list[str]) -> list[StageOutcome]:
-    """Every stage to build in a process of its own, independent ones at once as their shares fit."""
+    """Stages with a share below 1 in processes of their own, independent ones at once as their shares
+    fit; a stage that takes every core alone in this process."""
     paths = {name: artifact_dir(spec, name, key) for name, key in keys.items()}
     outcomes = {name: _cached_outcome(spec, name, keys[name]) for name in to_run if name not in to_build}
     for outcome in outcomes.values():
@@ -163,18 +164,22 @@ def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], to_run: list[str
     jobs = [concurrent.Job(name, concurrent.stage_cores(spec.stages[name].cpu_share, total),
                            tuple(up for up in spec.stages[name].upstream if up in to_build)) for name in to_build]
 
-    def finished(item: Any) -> None:
-        name = item.job.name
-        manifest = read_manifest(paths[name]) or {}
-        outcome = StageOutcome(name, spec.stages[name].kind, "ran", paths[name], keys[name],
+    def finished(job: concurrent.Job) -> None:
+        if job.name in outcomes:  # ran in this process: it printed its own report
+            return
+        manifest = read_manifest(paths[job.name]) or {}
+        outcome = StageOutcome(job.name, spec.stages[job.name].kind, "ran", paths[job.name], keys[job.name],
                                float(manifest.get("wall_time_s", 0.0)), manifest.get("metrics", {}))
-        outcomes[name] = outcome
-        console.print(f"[green]finished[/] {name} in {outcome.seconds:.1f}s: "
+        outcomes[job.name] = outcome
+        console.print(f"[green]finished[/] {job.name} in {outcome.seconds:.1f}s: "
                       f"{headline(outcome.kind, outcome.metrics)}")
+
+    def run_here(job: concurrent.Job) -> None:
+        outcomes[job.name] = _run_stage(spec, job.name, keys[job.name], {n: str(p) for n, p in paths.items()})
 
     logs = concurrent.log_folder(spec.workdir)
     launch = concurrent.launcher(spec.path, spec.overrides, logs, keys)
-    concurrent.run_jobs(jobs, set(), launch, finished)
+    concurrent.run_jobs(jobs, set(), launch, finished, run_here)
     return [outcomes[name] for name in to_run]
 
 
