@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 T = TypeVar("T")
@@ -28,6 +28,14 @@ def progress_bar() -> Progress:
     all is the caller's ``progress`` flag, defaulting to :func:`progress_enabled`."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     return Progress(*columns, console=Console(stderr=True), transient=True)
+
+
+def running_lines(enabled: bool | None = None) -> Progress:
+    """One spinner line per running job with its time so far (stages side by side), on stderr, erased
+    when done; shown only for a person at a terminal unless ``enabled`` says otherwise."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=True,
+                    disable=not (progress_enabled() if enabled is None else enabled))
 
 
 def track(items: Iterable[T], description: str, total: int | None = None,

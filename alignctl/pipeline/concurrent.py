@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
-from alignctl.console import console, progress_enabled
+from alignctl.console import console, running_lines
 from alignctl.cores import available_cores
 from alignctl.errors import RunFailed, UserError
 from alignctl.pipeline.ownership import is_empty_dir, is_owned, mark_owned
@@ -99,14 +99,18 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
     free = _core_ids()
     every_core = len(free)
     pending, running = list(jobs), []
-    bars = _running_bars()
-    previous = _exit_on_termination()
+    bars = running_lines()
+    termination = _Termination()
+    termination.catch()
     try:
         while pending or running:
+            termination.check()
             job = next_job(pending, built, len(free))
             if job is not None and run_here is not None and job.cores == every_core:
                 pending.remove(job)  # nothing runs beside it: every core is free
+                termination.release()
                 run_here(job)
+                termination.catch()
                 built.add(job.name)
                 finished(job)
                 continue
@@ -120,6 +124,7 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
             if not running:
                 raise RunFailed(f"stages {[j.name for j in pending]} can never start: their inputs are not built")
             time.sleep(poll_s)
+            termination.check()
             for item in [r for r in running if r.process.poll() is not None]:
                 running.remove(item)
                 free = sorted(free + item.cores)
@@ -133,29 +138,38 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
     finally:
         bars.stop()
         _stop(running)
-        for sig, handler in previous.items():
+        termination.release()
+
+
+class _Termination:
+    """SIGTERM / SIGHUP while stage processes run: noted by the handler, acted on by the loop (``check``),
+    which then leaves through its ``finally`` and stops them. Python's default would end this process at
+    once and leave them running; raising from the handler could land between starting a process and
+    recording it. Off (the old handlers back) while a stage runs in this process, which the signal then
+    ends as it would end ``--sequential``."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous: dict[signal.Signals, Any] = {}
+
+    def catch(self) -> None:
+        def note(signum: int, frame: object) -> None:
+            self.signum = signum
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                self.previous[sig] = signal.signal(sig, note)
+            except ValueError:  # not the main thread (an API caller's worker thread): handlers stay as they are
+                break
+
+    def release(self) -> None:
+        for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous = {}
 
-
-def _exit_on_termination() -> dict[signal.Signals, object]:
-    """SIGTERM / SIGHUP end this process through its ``finally`` blocks (Python's default would end it
-    at once), so the stage processes are stopped with it instead of running on. Returns the old handlers."""
-    def leave(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous: dict[signal.Signals, object] = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            previous[sig] = signal.signal(sig, leave)
-        except ValueError:  # not the main thread (an API caller's worker thread): handlers stay as they are
-            break
-    return previous
-
-
-def _running_bars() -> Progress:
-    """One line per running stage with its time so far, for a person at a terminal (nothing in CI logs)."""
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True, disable=not progress_enabled())
+    def check(self) -> None:
+        if self.signum is not None:
+            raise SystemExit(128 + self.signum)
 
 
 def _drop_bar(bars: Progress, name: str) -> None:
