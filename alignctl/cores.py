@@ -10,12 +10,17 @@ from __future__ import annotations
 import os
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its affinity mask), at least 1."""
+def available_core_ids() -> list[int]:
+    """The ids of the cores this process may run on (its affinity mask), sorted, at least one."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
+        return sorted(os.sched_getaffinity(0)) or [0]
     except (AttributeError, OSError):  # no affinity masks on this platform (macOS)
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    """How many cores this process may run on (its affinity mask), at least 1."""
+    return len(available_core_ids())
 
 
 def pin_to_cores(cores: list[int]) -> None:

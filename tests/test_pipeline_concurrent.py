@@ -117,7 +117,7 @@ def _launch_command(commands: dict[str, list[str]], log_dir: Path):
         with log.open("wb") as handle:
             process = subprocess.Popen(commands[job.name], stdout=handle, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        return concurrent._Running(job, cores, process, log, time.perf_counter())
+        return concurrent._Running(job, cores, process, log)
     return launch
 
 
@@ -192,7 +192,7 @@ def launch(job, cores):
         process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], stdout=handle,
                                    start_new_session=True)
     print(process.pid, flush=True)
-    return concurrent._Running(job, cores, process, log, time.perf_counter())
+    return concurrent._Running(job, cores, process, log)
 
 concurrent.run_jobs([Job("slow", 1, ())], set(), launch, lambda item: None, poll_s=0.05)
 """

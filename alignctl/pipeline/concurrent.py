@@ -31,7 +31,7 @@ from typing import Any
 from rich.progress import Progress
 
 from alignctl.console import console, running_lines
-from alignctl.cores import available_cores
+from alignctl.cores import available_core_ids
 from alignctl.errors import RunFailed, UserError
 from alignctl.pipeline.ownership import is_empty_dir, is_owned, mark_owned
 
@@ -68,7 +68,6 @@ class _Running:
     cores: list[int]
     process: subprocess.Popen[bytes]
     log: Path
-    started: float
 
 
 def log_folder(workdir: Path) -> Path:
@@ -96,7 +95,7 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
     ids; a job that takes every core runs alone, through ``run_here`` in this process when given (as
     ``--sequential`` would run it: no process start-up, the warm heap). ``finished`` is called for
     each job built. A failing job stops the others and raises."""
-    free = _core_ids()
+    free = available_core_ids()
     every_core = len(free)
     pending, running = list(jobs), []
     bars = running_lines()
@@ -189,16 +188,9 @@ def launcher(pipeline: Path, overrides: list[str], logs: Path, keys: dict[str, s
         handle.close()
         word = "core" if len(cores) == 1 else "cores"
         console.print(f"[cyan]started[/] {job.name} on {len(cores)} {word} (log: {log})")
-        return _Running(job, cores, process, log, time.perf_counter())
+        return _Running(job, cores, process, log)
 
     return launch
-
-
-def _core_ids() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(available_cores()))
 
 
 def _failure(item: _Running) -> Exception:

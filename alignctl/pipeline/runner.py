@@ -2,8 +2,9 @@
 artifact whose key is unchanged, rebuilding a changed stage and everything downstream of it.
 
 Stages run one after the other in this process, each on every core, unless a stage to run has a
-``cpu_share`` below 1: then every stage to run gets a process of its own and independent stages run
-side by side (``pipeline/concurrent.py``); ``sequential=True`` (``alignctl run --sequential``) keeps
+``cpu_share`` below 1: then those stages get processes of their own and run side by side as their
+cores fit, while a stage that takes every core still runs alone in this process
+(``pipeline/concurrent.py``); ``sequential=True`` (``alignctl run --sequential``) keeps
 the one-process order whatever the shares say."""
 
 from __future__ import annotations
@@ -136,15 +137,14 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
             outcomes.append(StageOutcome(name, spec.stages[name].kind, f"planned ({state.state})", state.path, key))
         return outcomes
     with workdir_lock(spec.workdir):
-        to_build = [n for n in to_run if stage_state(spec, n, keys[n]).state != "cached" or n in forced]
+        fresh = {n: stage_state(spec, n, keys[n]) for n in to_run}
+        to_build = [n for n in to_run if fresh[n].state != "cached" or n in forced]
         if not sequential and any(spec.stages[n].cpu_share < 1.0 for n in to_build):
-            return _run_side_by_side(spec, keys, to_run, to_build)
+            return _run_side_by_side(spec, keys, fresh, to_build)
         for name, key in keys.items():
-            state = stage_state(spec, name, key)
+            state = fresh[name]  # to_run holds every stage up to --until, where the loop stops
             if state.state == "cached" and name not in forced:
-                console.print(f"[green]cached[/] {name} -> {state.path}")
-                outcomes.append(StageOutcome(name, spec.stages[name].kind, "cached", state.path, key,
-                                             metrics=state.manifest.get("metrics", {})))
+                outcomes.append(_cached_outcome(spec, state))
             else:
                 outcomes.append(_run_stage(spec, name, key, paths))
             if name == until:
@@ -152,14 +152,13 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
     return outcomes
 
 
-def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], to_run: list[str],
+def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], states: dict[str, StageState],
                       to_build: list[str]) -> list[StageOutcome]:
     """Stages with a share below 1 in processes of their own, independent ones at once as their shares
-    fit; a stage that takes every core alone in this process."""
+    fit; a stage that takes every core alone in this process. ``states``: every stage to run."""
     paths = {name: artifact_dir(spec, name, key) for name, key in keys.items()}
-    outcomes = {name: _cached_outcome(spec, name, keys[name]) for name in to_run if name not in to_build}
-    for outcome in outcomes.values():
-        console.print(f"[green]cached[/] {outcome.name} -> {outcome.path}")
+    path_texts = {name: str(path) for name, path in paths.items()}
+    outcomes = {name: _cached_outcome(spec, state) for name, state in states.items() if name not in to_build}
     total = available_cores()
     jobs = [concurrent.Job(name, concurrent.stage_cores(spec.stages[name].cpu_share, total),
                            tuple(up for up in spec.stages[name].upstream if up in to_build)) for name in to_build]
@@ -175,17 +174,18 @@ def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], to_run: list[str
                       f"{headline(outcome.kind, outcome.metrics)}")
 
     def run_here(job: concurrent.Job) -> None:
-        outcomes[job.name] = _run_stage(spec, job.name, keys[job.name], {n: str(p) for n, p in paths.items()})
+        outcomes[job.name] = _run_stage(spec, job.name, keys[job.name], path_texts)
 
     logs = concurrent.log_folder(spec.workdir)
     launch = concurrent.launcher(spec.path, spec.overrides, logs, keys)
     concurrent.run_jobs(jobs, set(), launch, finished, run_here)
-    return [outcomes[name] for name in to_run]
+    return [outcomes[name] for name in states]
 
 
-def _cached_outcome(spec: PipelineSpec, name: str, key: str) -> StageOutcome:
-    state = stage_state(spec, name, key)
-    return StageOutcome(name, spec.stages[name].kind, "cached", state.path, key,
+def _cached_outcome(spec: PipelineSpec, state: StageState) -> StageOutcome:
+    """A cached stage's outcome, announced as the run passes it."""
+    console.print(f"[green]cached[/] {state.name} -> {state.path}")
+    return StageOutcome(state.name, spec.stages[state.name].kind, "cached", state.path, state.key,
                         metrics=(state.manifest or {}).get("metrics", {}))
 
 
