@@ -14,12 +14,18 @@ Seed 0 works in ``work/<pipeline>``, seed ``s`` in ``work/<pipeline>_s<s>``; the
 workdir. Prints one JSON line per seed (each stage's wall time and the headline numbers read back from
 the stages' manifests), then mean and worst of each number over the seeds. ``--summary-only`` reads
 finished workdirs without running anything.
+
+This machine's speed moves by tens of percent within an hour (docs/quickstart.md), so before each run
+the script times a fixed float32 matrix product of a SmolLM2 layer's shape (32 x 576 by 576 x 1536, the
+decode step of a rollout) on one thread and on every core, and puts the rates in the seed's line
+(``probe_gflops_1t`` / ``probe_gflops_all``): a slow run on a slow machine shows as such.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,6 +87,26 @@ PIPELINES = {
 }
 
 
+def probe_gflops(threads: int, seconds: float = 2.0) -> float:
+    """Sustained float32 GFLOP/s of a rollout-shaped matrix product on ``threads`` torch threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(32, 576), torch.randn(576, 1536)
+        for _ in range(20):  # warm-up: thread pool, caches
+            torch.mm(a, b)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(100):
+                torch.mm(a, b)
+            done += 100
+        return round(done * 2 * 32 * 576 * 1536 / (time.perf_counter() - start) / 1e9, 1)
+    finally:
+        torch.set_num_threads(before)
+
+
 def workdir(pipeline: str, seed: int) -> Path:
     return ROOT / "work" / (pipeline if seed == 0 else f"{pipeline}_s{seed}")
 
@@ -135,8 +161,9 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     for seed in args.seeds:
-        wall = None
+        wall, probe = None, {}
         if not args.summary_only:
+            probe = {"probe_gflops_1t": probe_gflops(1), "probe_gflops_all": probe_gflops(len(os.sched_getaffinity(0)))}
             start = time.perf_counter()
             done = subprocess.run(  # -m from ROOT: this checkout's alignctl, even where the venv points elsewhere
                 [sys.executable, "-m", "alignctl", "run", str(ROOT / "pipelines" / f"{args.pipeline}.yaml"),
@@ -145,7 +172,7 @@ def main() -> int:
             if done.returncode != 0:
                 print(f"seed {seed}: alignctl run exited {done.returncode}", file=sys.stderr)
                 return done.returncode
-        rows.append(seed_row(args.pipeline, seed, wall))
+        rows.append({**seed_row(args.pipeline, seed, wall), **probe})
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"pipeline": args.pipeline, "seeds": args.seeds, "summary": summarize(rows)}))
     return 0

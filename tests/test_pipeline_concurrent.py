@@ -18,7 +18,7 @@ from alignctl.errors import RunFailed, UserError
 from alignctl.pipeline import concurrent
 from alignctl.pipeline.concurrent import Job, next_job, stage_cores
 from alignctl.pipeline.runner import load, run_pipeline
-from conftest import assert_user_error, run_cli
+from conftest import REPO_ROOT, assert_user_error, run_cli
 
 PIPELINE = """
 workdir: {workdir}
@@ -214,3 +214,47 @@ def test_a_terminated_run_stops_its_stage_processes(tmp_path):
     else:
         os.kill(child, 9)
         pytest.fail("the stage process outlived the terminated run")
+
+
+def _simulated_starts(jobs: list[Job], seconds: dict[str, float], cores: int) -> tuple[dict[str, float], float]:
+    """Start time of each job and the end of the last one when ``run_jobs`` picks with ``next_job``
+    and each job takes ``seconds[name]`` (an event-by-event replay of the loop, no processes)."""
+    pending, running, built, starts, now, free = list(jobs), [], set(), {}, 0.0, cores
+    while pending or running:
+        job = next_job(pending, built, free)
+        if job is not None:
+            pending.remove(job)
+            starts[job.name], free = now, free - job.cores
+            running.append((now + seconds[job.name], job))
+            continue
+        running.sort(key=lambda item: item[0])
+        now, done = running.pop(0)
+        built.add(done.name)
+        free += done.cores
+    return starts, now
+
+
+def test_quickstart_file_order_starts_grpo_beside_the_reward_model_and_the_judge_in_ppos_place(tmp_path):
+    """On 2 cores the quickstart's file order decides which ready half-share stage goes first. The
+    stage times are the ones measured in seed 0's side-by-side run (docs/quickstart.md, 2026-12-01);
+    with them, by hand: GRPO starts with the reward model (not 40 s after it, behind the judge), PPO
+    takes the reward model's core when it ends, and the judge takes PPO's core while GRPO finishes,
+    so the evals start 40 + 695 + 40 = 775 s after the two verifiers, where the file's earlier order
+    (the judge before GRPO) started them at 40 + 769 = 809 s."""
+    spec = load(REPO_ROOT / "pipelines" / "quickstart.yaml", [f"workdir={tmp_path / 'work'}"])
+    seconds = {"base_model": 9, "data": 0, "judge_data": 0, "sft": 52, "verifier": 110, "judge_verifier": 54,
+               "reward_model": 40, "judge": 40, "grpo": 769, "ppo": 695, "eval_grpo": 86, "eval_ppo": 68}
+    jobs = [Job(name, stage_cores(stage.cpu_share, 2), tuple(stage.upstream)) for name, stage in spec.stages.items()]
+    starts, end = _simulated_starts(jobs, seconds, cores=2)
+    rl_start = starts["reward_model"]
+    assert rl_start == 9 + 0 + 0 + 52 + 110 + 54
+    assert starts["grpo"] == rl_start and starts["ppo"] == rl_start + 40
+    assert starts["judge"] == rl_start + 40 + 695
+    assert starts["eval_grpo"] == rl_start + 775 and starts["eval_ppo"] == starts["eval_grpo"] + 86
+    assert end == rl_start + 775 + 86 + 68
+    judge = next(job for job in jobs if job.name == "judge")
+    earlier = [job for job in jobs if job is not judge]
+    earlier.insert([job.name for job in earlier].index("grpo"), judge)
+    old_starts, old_end = _simulated_starts(earlier, seconds, cores=2)
+    assert (old_starts["judge"], old_starts["grpo"]) == (rl_start, rl_start + 40)
+    assert old_end - end == 34
