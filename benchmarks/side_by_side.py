@@ -22,7 +22,6 @@ Run: ``python benchmarks/side_by_side.py [--quick] [--json out.json]``.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import sys
 import time
 from pathlib import Path
@@ -84,7 +83,9 @@ def _run(layers: int, placements: list[tuple[list[int], int]]) -> list[dict[str,
 
 def main() -> None:
     args = parse_bench_args(__doc__.splitlines()[0])
-    cores = sorted(os.sched_getaffinity(0))
+    from alignctl.cores import available_core_ids
+
+    cores = available_core_ids()
     if len(cores) < 2:
         raise SystemExit("side_by_side.py needs 2 cores")
     layers = 4 if args.quick else 30

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -159,11 +158,13 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--summary-only", action="store_true", help="Read finished workdirs; run nothing.")
     args = parser.parse_args()
+    from alignctl.cores import available_cores
+
     rows = []
     for seed in args.seeds:
         wall, probe = None, {}
         if not args.summary_only:
-            probe = {"probe_gflops_1t": probe_gflops(1), "probe_gflops_all": probe_gflops(len(os.sched_getaffinity(0)))}
+            probe = {"probe_gflops_1t": probe_gflops(1), "probe_gflops_all": probe_gflops(available_cores())}
             start = time.perf_counter()
             done = subprocess.run(  # -m from ROOT: this checkout's alignctl, even where the venv points elsewhere
                 [sys.executable, "-m", "alignctl", "run", str(ROOT / "pipelines" / f"{args.pipeline}.yaml"),

@@ -140,7 +140,7 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
         fresh = {n: stage_state(spec, n, keys[n]) for n in to_run}
         to_build = [n for n in to_run if fresh[n].state != "cached" or n in forced]
         if not sequential and any(spec.stages[n].cpu_share < 1.0 for n in to_build):
-            return _run_side_by_side(spec, keys, fresh, to_build)
+            return _run_side_by_side(spec, keys, paths, fresh, to_build)
         for name, key in keys.items():
             state = fresh[name]  # to_run holds every stage up to --until, where the loop stops
             if state.state == "cached" and name not in forced:
@@ -152,12 +152,10 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
     return outcomes
 
 
-def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], states: dict[str, StageState],
-                      to_build: list[str]) -> list[StageOutcome]:
+def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], paths: dict[str, str],
+                      states: dict[str, StageState], to_build: list[str]) -> list[StageOutcome]:
     """Stages with a share below 1 in processes of their own, independent ones at once as their shares
     fit; a stage that takes every core alone in this process. ``states``: every stage to run."""
-    paths = {name: artifact_dir(spec, name, key) for name, key in keys.items()}
-    path_texts = {name: str(path) for name, path in paths.items()}
     outcomes = {name: _cached_outcome(spec, state) for name, state in states.items() if name not in to_build}
     total = available_cores()
     jobs = [concurrent.Job(name, concurrent.stage_cores(spec.stages[name].cpu_share, total),
@@ -166,15 +164,16 @@ def _run_side_by_side(spec: PipelineSpec, keys: dict[str, str], states: dict[str
     def finished(job: concurrent.Job) -> None:
         if job.name in outcomes:  # ran in this process: it printed its own report
             return
-        manifest = read_manifest(paths[job.name]) or {}
-        outcome = StageOutcome(job.name, spec.stages[job.name].kind, "ran", paths[job.name], keys[job.name],
+        folder = Path(paths[job.name])
+        manifest = read_manifest(folder) or {}
+        outcome = StageOutcome(job.name, spec.stages[job.name].kind, "ran", folder, keys[job.name],
                                float(manifest.get("wall_time_s", 0.0)), manifest.get("metrics", {}))
         outcomes[job.name] = outcome
         console.print(f"[green]finished[/] {job.name} in {outcome.seconds:.1f}s: "
                       f"{headline(outcome.kind, outcome.metrics)}")
 
     def run_here(job: concurrent.Job) -> None:
-        outcomes[job.name] = _run_stage(spec, job.name, keys[job.name], path_texts)
+        outcomes[job.name] = _run_stage(spec, job.name, keys[job.name], paths)
 
     logs = concurrent.log_folder(spec.workdir)
     launch = concurrent.launcher(spec.path, spec.overrides, logs, keys)
