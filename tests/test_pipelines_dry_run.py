@@ -94,6 +94,8 @@ OFFLINE_DATA_OVERRIDES: dict[str, list[str] | None] = {
     "hh_rlhf_rm_ppo.yaml": [f"data.input={SHARED_DATA / 'hh-rlhf-harmless' / 'test.jsonl.gz'}",
                             "data.test_fraction=0.1"],
 }
+# hh_smollm2's header has the user download HH-RLHF into data/; the tests read the team's local copy.
+HH_SMOLLM2_DATA = [f"data.input={SHARED_DATA / 'hh-rlhf-harmless' / 'test.jsonl.gz'}"]
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -113,7 +115,7 @@ def test_pipeline_dry_run_validates(path: Path, tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(REPO_ROOT)  # relative inputs (data/math_sample.jsonl) resolve from the repo root
     # The dry run checks that input files exist: a pipeline whose raw data the user downloads
     # first (hh-rlhf) gets the local copy, as its header says.
-    inputs = OFFLINE_DATA_OVERRIDES.get(path.name) or []
+    inputs = (HH_SMOLLM2_DATA if path.name == "hh_smollm2.yaml" else OFFLINE_DATA_OVERRIDES.get(path.name)) or []
     if inputs and not Path(inputs[0].partition("=")[2]).exists():
         inputs = []
     args = [*inputs, f"workdir={tmp_path / 'work'}"]
@@ -197,7 +199,7 @@ def test_hh_smollm2_judge_never_saw_what_the_policy_optimized(tmp_path: Path, mo
     if not (SHARED_DATA / "hh-rlhf-harmless").exists():
         pytest.skip(f"needs the shared HH-RLHF file under {SHARED_DATA}")
     monkeypatch.chdir(REPO_ROOT)
-    spec = load(PIPELINES / "hh_smollm2.yaml", [f"workdir={tmp_path}"])
+    spec = load(PIPELINES / "hh_smollm2.yaml", [*HH_SMOLLM2_DATA, f"workdir={tmp_path}"])
     stages = spec.stages
     assert stages["reward_model"].config["data"]["train_files"] == ["${data}/train.parquet"]
     assert stages["judge"].config["data"]["train_files"] == ["${data}/test.parquet"]
