@@ -58,6 +58,11 @@ def _strict_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = 
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:  # ``? [a]`` makes a list key: a config key is a name, never a list or mapping
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a name, got a {type(key).__name__}", key_node.start_mark) from None
         if key in seen:
             first = seen[key]
             raise yaml.constructor.ConstructorError(
