@@ -1,6 +1,7 @@
-"""Planted-fault measurement of ``alignctl audit`` (issue 17, item 3).
+"""Planted-fault measurement of ``alignctl audit`` (docs/results.md).
 
-Preprocesses the HH-RLHF harmless pairs in ../shared/data (a train/test split of the one file),
+Preprocesses the HH-RLHF harmless test pairs (``--source``, default the file the ``hf download`` of
+pipelines/hh_rlhf_rm_ppo.yaml puts in data/; a train/test split of the one file),
 plants known faults into the train split, runs the audit and prints recall / precision per check:
 
 - 5% exact duplicates (copies of untouched rows; half with case/whitespace changes),
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SOURCE = ROOT.parent / "shared" / "data" / "hh-rlhf-harmless" / "test.jsonl.gz"
+DEFAULT_SOURCE = ROOT / "data" / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
 FILLER = (" I hope this helps, and please let me know if there is anything else you would like to know about "
           "this topic, since I am always happy to explain things in more detail.")
 
