@@ -396,16 +396,32 @@ def stage_process(
 def status(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
     overrides: OverridesArg = None,
+    paths: Annotated[bool, typer.Option("--paths", help="List each stage's key and artifact folder instead.")] = False,
 ) -> None:
-    """Show each stage: cached / stale / missing, key, artifact path, headline metrics."""
-    from alignctl.console import print_table
+    """Show each stage: cached / stale / missing and its headline numbers, then warnings (a loss that
+    rose, an alarm that fired)."""
+    import shutil
+
     from alignctl.pipeline.runner import load, pipeline_status
-    from alignctl.pipeline.summary import headline
+    from alignctl.pipeline.summary import read_run_digest, status_lines
 
     spec = load(pipeline, overrides or [])
-    rows = [[s.name, spec.stages[s.name].kind, s.state, s.key[:12], str(s.path),
-             headline(spec.stages[s.name].kind, (s.manifest or {}).get("metrics", {}))] for s in pipeline_status(spec)]
-    print_table(f"{pipeline}", ["stage", "kind", "state", "key", "artifact", "headline"], rows)
+    if not spec.workdir.exists():
+        typer.echo(f"workdir {spec.workdir} does not exist yet:\n  no stage has run there "
+                   f"('alignctl run {pipeline}' builds them)")
+    states = pipeline_status(spec)
+    if paths:
+        for s in states:
+            typer.echo(f"{s.name}  {s.state}  {s.key[:12]}  {s.path}")
+        return
+    rows = []
+    for s in states:
+        kind, metrics = spec.stages[s.name].kind, dict((s.manifest or {}).get("metrics", {}))
+        if kind in ("ppo", "grpo") and s.manifest is not None:
+            metrics.update(read_run_digest(s.path))  # manifests written before the digest was recorded
+        rows.append((s.name, kind, s.state, metrics))
+    width = shutil.get_terminal_size((100, 24)).columns
+    typer.echo("\n".join(status_lines(str(pipeline), spec.workdir, rows, width)))
 
 
 # ------------------------------------------------------------------------------ entry point

@@ -184,7 +184,7 @@ def test_summary_headline_of_an_eval_shows_the_rule_win_rate():
     from alignctl.pipeline.summary import headline
 
     metrics = {"win_rate": 0.5, "judge_win_rate": 0.455, "rule_win_rate": 0.6225}
-    assert headline("eval", metrics) == "win rate 0.500, judge win rate 0.455, rule win rate 0.623"
+    assert headline("eval", metrics) == "judge win rate 0.455, RM win rate 0.500, rule win rate 0.623"
 
 
 def test_summary_headline_of_an_sft_stage_without_held_out_data():

@@ -9,6 +9,12 @@
 ``${name}`` (optionally followed by ``/sub/path``) in any string value is the artifact folder of
 stage ``name``; it makes ``name`` an upstream of the stage. Stages run in dependency order.
 
+Relative paths in the file (``workdir`` and the stages' input files) start from the folder holding
+the file, or from ``root:`` when the file sets it (itself relative to the file's folder), never from
+the current folder: ``alignctl status`` and ``alignctl run`` find the same artifacts wherever they are
+typed. Paths given on the command line (``workdir=...``, ``stage.key=...``) start from the current
+folder, as any command-line path does.
+
 A stage may also say ``cpu_share: 0.5`` (a number in (0, 1], default 1): it then runs in a process of
 its own on that share of the machine's cores, beside other stages whose inputs are ready and whose
 shares fit (``pipeline/concurrent.py``).
@@ -17,6 +23,7 @@ shares fit (``pipeline/concurrent.py``).
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +48,10 @@ class StageSpec:
 @dataclass
 class PipelineSpec:
     path: Path
-    workdir: Path
+    workdir: Path  # absolute
     stages: dict[str, StageSpec]  # in run (topological) order
     overrides: list[str] = field(default_factory=list)  # as given on the command line (a stage process reloads them)
+    root: Path = Path(".")  # absolute: where the file's relative paths start
 
 
 def references(value: Any) -> set[str]:
@@ -66,6 +74,40 @@ def substitute(value: Any, mapping: dict[str, str]) -> Any:
     if isinstance(value, list):
         return [substitute(v, mapping) for v in value]
     return value
+
+
+def _looks_like_path(text: str) -> bool:
+    """A relative path written in the file: it has a folder separator or a file suffix (bare words
+    such as ``arith`` or ``grpo`` are names, never paths) and no reference or URL."""
+    if not text or "${" in text or "://" in text or "\n" in text or Path(text).is_absolute() or text.startswith("~"):
+        return False
+    return "/" in text or bool(Path(text).suffix)
+
+
+def resolve_paths(value: Any, root: Path) -> Any:
+    """Relative paths inside a (nested) stage config made absolute against ``root``: ``./x`` and
+    ``../x`` always, other relative paths when they exist there (``org/model`` that is not a folder
+    under ``root`` stays a hub name)."""
+    if isinstance(value, dict):
+        return {k: resolve_paths(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_paths(v, root) for v in value]
+    if isinstance(value, str) and _looks_like_path(value):
+        candidate = root / value
+        if value.startswith(("./", "../")) or candidate.exists():
+            return str(Path(os.path.normpath(candidate)))
+    return value
+
+
+def _root(path: Path, data: dict[str, Any]) -> Path:
+    folder = path.absolute().parent
+    raw = data.get("root", ".")
+    if not isinstance(raw, str) or not raw.strip():
+        raise UserError(f"{path}: 'root' expected a folder path (relative to the file's folder), got {raw!r}")
+    root = Path(os.path.normpath(folder / Path(raw).expanduser()))
+    if not root.is_dir():
+        raise UserError(f"{path}: 'root' {raw!r} is {root}, which is not a folder")
+    return root
 
 
 def _stage(path: Path, name: str, raw: Any, kinds: set[str]) -> StageSpec:
@@ -131,18 +173,22 @@ def load_pipeline(path: str | Path, overrides: list[str], kinds: set[str]) -> Pi
     """Read a pipeline file; ``overrides`` are ``stage.key.sub=value`` (and ``workdir=...``)."""
     path = Path(path)
     data = read_yaml_mapping(path)
-    unknown = set(data) - {"workdir", "stages", "description"}
+    unknown = set(data) - {"workdir", "stages", "description", "root"}
     if unknown:
-        raise UserError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected workdir, stages, description")
+        raise UserError(f"{path}: unknown top-level key(s) {sorted(unknown)}; expected workdir, stages, description, "
+                        f"root")
     raw_stages = data.get("stages")
     if not isinstance(raw_stages, dict) or not raw_stages:
         raise UserError(f"{path}: 'stages' expected a non-empty mapping of stage name -> {{kind, config}}")
+    root = _root(path, data)
     stages = {name: _stage(path, name, raw, kinds) for name, raw in raw_stages.items()}
-    workdir = data.get("workdir", "work")
+    for stage in stages.values():
+        stage.config = resolve_paths(stage.config, root)
+    workdir, base = data.get("workdir", "work"), root
     for text in overrides:
         head, _, rest = text.partition(".")
         if text.startswith("workdir="):
-            workdir = text.partition("=")[2]
+            workdir, base = text.partition("=")[2], Path.cwd()
         elif head in stages and rest.startswith("cpu_share="):
             stages[head].cpu_share = _cpu_share(f"command-line override {text!r}", _number(rest.partition("=")[2]))
         elif head in stages and rest:
@@ -152,4 +198,5 @@ def load_pipeline(path: str | Path, overrides: list[str], kinds: set[str]) -> Pi
                             f"{', '.join(stages)} (or workdir=PATH)")
     if not isinstance(workdir, str) or not workdir.strip():
         raise UserError(f"{path}: 'workdir' expected a folder path, got {workdir!r}")
-    return PipelineSpec(path, Path(workdir).expanduser(), _order(path, stages), list(overrides))
+    folder = Path(os.path.normpath(base / Path(workdir).expanduser()))
+    return PipelineSpec(path, folder, _order(path, stages), list(overrides), root)

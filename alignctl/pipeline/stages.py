@@ -78,6 +78,7 @@ def _train_rm(cfg: Any) -> dict[str, Any]:
 
 
 def _rl(cfg: Any) -> dict[str, Any]:
+    from alignctl.pipeline.summary import read_run_digest
     from alignctl.trainers.rl_factory import create_trainer
 
     result = create_trainer(cfg).fit()
@@ -88,6 +89,7 @@ def _rl(cfg: Any) -> dict[str, Any]:
     if result.history:
         metrics.update({k: result.history[-1][k] for k in ("critic/score/mean", "actor/reference_kl")
                         if k in result.history[-1]})
+    metrics.update(read_run_digest(Path(cfg.trainer.run_dir)))  # reward start -> end, alarms fired
     return metrics
 
 

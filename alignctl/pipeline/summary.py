@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 from alignctl.console import console, print_table
@@ -34,19 +37,32 @@ def headline(kind: str, metrics: dict[str, Any]) -> str:
     if kind in ("ppo", "grpo"):
         return _rl_headline(metrics)
     if kind == "eval":
-        win, ci = metrics.get("win_rate"), metrics.get("win_rate_ci")
-        text = f"win rate {_fmt(win)}" if win is not None else ""
-        if ci:
-            text += f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
-        extra = _pick(metrics, "lc_win_rate", "pass@1")
-        if metrics.get("judge_win_rate") is not None:
-            extra.append(("judge win rate", metrics["judge_win_rate"]))
-        if metrics.get("rule_win_rate") is not None:
-            extra.append(("rule win rate", metrics["rule_win_rate"]))
-        warnings = int(metrics.get("warnings") or 0)
-        flag = [f"[bold yellow]{warnings} reward-hacking warning{'s' if warnings > 1 else ''} (see report)[/]"] if warnings else []
-        return ", ".join([text, *(f"{k} {_fmt(v)}" for k, v in extra), *flag]).strip(", ")
+        return _eval_headline(metrics)
     return ""
+
+
+def _eval_headline(metrics: dict[str, Any]) -> str:
+    """Held-out accuracy (reference -> policy), then the independent judge, then the reward model that
+    trained the policy (if any), then the rule and reward-hacking warnings."""
+    parts = []
+    for key, value in metrics.items():
+        if key.startswith("accuracy/") and key.endswith("/pass@1"):
+            ref = metrics.get("reference_" + key)
+            parts.append(f"pass@1 {_fmt(ref)} -> {_fmt(value)} ({(value - ref) * 100:+.1f} pts)"
+                         if isinstance(ref, (int, float)) else f"pass@1 {_fmt(value)}")
+    for name, key in (("judge win rate", "judge_win_rate"), ("RM win rate", "win_rate"),
+                      ("rule win rate", "rule_win_rate")):
+        if metrics.get(key) is not None:
+            low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
+            ci = metrics.get(f"{key}_ci")  # older manifests
+            if ci and low is None:
+                low, high = ci
+            parts.append(f"{name} {_fmt(metrics[key])}" + (f" [{_fmt(low)}, {_fmt(high)}]" if low is not None else ""))
+    parts += [f"lc_win_rate {_fmt(metrics['lc_win_rate'])}"] if metrics.get("lc_win_rate") is not None else []
+    warnings = int(metrics.get("warnings") or 0)
+    if warnings:
+        parts.append(f"[bold yellow]{warnings} reward-hacking warning{'s' if warnings > 1 else ''} (see report)[/]")
+    return ", ".join(parts)
 
 
 def _val_source(key: str) -> str:
@@ -57,13 +73,104 @@ def _val_source(key: str) -> str:
 
 
 def _rl_headline(metrics: dict[str, Any]) -> str:
+    """Reward and accuracy at the start and the end of the run, then its alarms."""
+    parts = []
+    if "reward/start" in metrics and "reward/end" in metrics:
+        parts.append(f"reward {_fmt(metrics['reward/start'])} -> {_fmt(metrics['reward/end'])}")
     before = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("before/")}
     after = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("after/")}
-    parts = []
     for key, value in after.items():
         name = _val_source(f"after/{key}")
         parts.append(f"{name} {_fmt(before[key])} -> {_fmt(value)}" if key in before else f"{name} {_fmt(value)}")
+    if not after and "gold/start" in metrics and "gold/end" in metrics:
+        parts.append(f"gold {_fmt(metrics['gold/start'])} -> {_fmt(metrics['gold/end'])}")
+    alarms = metrics.get("alarms") or []
+    if alarms:
+        parts.append(f"alarm{'s' if len(alarms) > 1 else ''}: {', '.join(alarms)}")
     return ", ".join(parts) or f"{metrics.get('steps', 0)} steps"
+
+
+# Per-step signals of an RL run's metrics.jsonl that status and the stage headline summarise.
+_REWARD = "critic/score/mean"
+_GOLD = ("reward/rule_score/mean", "reward/extra/acc/mean")
+ALARM_PREFIX = "monitor/alarm/"
+
+
+def run_digest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Start/end means of the reward (and of a per-step gold accuracy beside a reward model) over the
+    first and last quarter of the training steps (at most 4 steps each: one step is noisy), and the
+    alarms that fired, from an RL run's metrics.jsonl rows."""
+    steps = [r for r in rows if _REWARD in r]
+    out: dict[str, Any] = {}
+    for name, keys in (("reward", (_REWARD,)), ("gold", _GOLD)):
+        key = next((k for k in keys if any(k in r for r in steps)), None)
+        values = [float(r[key]) for r in steps if key is not None and isinstance(r.get(key), (int, float))]
+        if values:
+            k = max(1, min(4, len(values) // 4))
+            out[f"{name}/start"], out[f"{name}/end"] = sum(values[:k]) / k, sum(values[-k:]) / k
+    alarms = sorted({key.removeprefix(ALARM_PREFIX) for r in rows for key in r if key.startswith(ALARM_PREFIX)})
+    if alarms:
+        out["alarms"] = alarms
+    return out
+
+
+def read_run_digest(folder: Path) -> dict[str, Any]:
+    """:func:`run_digest` of ``folder/metrics.jsonl`` ({} when the file is missing or unreadable)."""
+    try:
+        lines = (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        return run_digest([json.loads(line) for line in lines if line.strip()])
+    except (OSError, ValueError):
+        return {}
+
+
+def concerns(kind: str, metrics: dict[str, Any]) -> list[str]:
+    """What looks wrong in a finished stage's numbers: one short phrase each."""
+    found = []
+    for name in ("train loss", "val loss"):
+        start, end = metrics.get(f"{name.replace(' ', '/')}_start"), metrics.get(f"{name.replace(' ', '/')}_end")
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start:
+            found.append(f"{name} rose {_fmt(start)} -> {_fmt(end)}")
+    if kind in ("ppo", "grpo"):
+        if metrics.get("alarms"):
+            found.append(f"alarm{'s' if len(metrics['alarms']) > 1 else ''} fired: {', '.join(metrics['alarms'])}")
+        if metrics.get("reward/end", 0.0) < metrics.get("reward/start", 0.0):
+            found.append(f"reward fell {_fmt(metrics['reward/start'])} -> {_fmt(metrics['reward/end'])}")
+        for key, value in metrics.items():
+            before = metrics.get("before/" + key.removeprefix("after/"))
+            if key.startswith("after/") and isinstance(before, (int, float)) and value < before:
+                found.append(f"{_val_source(key)} fell {_fmt(before)} -> {_fmt(value)}")
+    if kind == "eval" and int(metrics.get("warnings") or 0):
+        found.append(f"{int(metrics['warnings'])} reward-hacking warning(s) in the report")
+    return found
+
+
+def status_lines(title: str, workdir: Path, stages: list[tuple[str, str, str, dict[str, Any]]],
+                 width: int = 80) -> list[str]:
+    """``alignctl status`` as plain lines of at most ``width`` columns: one per stage (name, kind,
+    state, headline), then the warnings. ``stages``: (name, kind, state, metrics) in run order."""
+    name_w = max([5, *(len(s[0]) for s in stages)])
+    kind_w = max([4, *(len(s[1]) for s in stages)])
+    counts = {state: sum(1 for s in stages if s[2] == state) for state in ("cached", "stale", "missing")}
+    summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    lines = [_clip(f"{title}: {summary}", width), _clip(f"artifacts: {workdir}/<stage>-<key12>", width),
+             f"{'stage':<{name_w}}  {'kind':<{kind_w}}  {'state':<7}  headline"]
+    warnings = []
+    for name, kind, state, metrics in stages:
+        text = _plain(headline(kind, metrics)) if state == "cached" else ""
+        lines.append(_clip(f"{name:<{name_w}}  {kind:<{kind_w}}  {state:<7}  {text}".rstrip(), width))
+        warnings += [f"  {name}: {item}" for item in concerns(kind, metrics)] if state == "cached" else []
+    if warnings:
+        lines += ["warnings:", *(_clip(w, width) for w in warnings)]
+    return lines
+
+
+def _plain(text: str) -> str:
+    """A headline without rich markup (status prints plain text)."""
+    return re.sub(r"\[/?[a-z ]*\]", "", text)
+
+
+def _clip(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def print_summary(outcomes: list[Any]) -> None:
