@@ -3,8 +3,8 @@
 A :class:`Batch` is a set of named columns over the same rows (one row per response): tensors
 whose first dimension is the row, plain Python lists for everything else (raw prompts, ground
 truths, data sources), and ``meta`` for batch-level values (temperature, global token counts).
-Workers receive and return Batches; the controller ``union``\\ s the results, exactly like the
-listing of the loop in DESIGN.md. It pickles cheaply, so Ray moves it between processes.
+Workers receive and return Batches; the controller ``union``\\ s the results into one batch per
+step (``RLTrainer.train_step``). It pickles cheaply, so Ray moves it between processes.
 """
 
 from __future__ import annotations
