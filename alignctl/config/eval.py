@@ -60,7 +60,7 @@ class EvalConfig:
     dtype: str = field("float32", help="Model dtype.", choices=("float32", "bfloat16", "float16"))
     rm_precision: str = field("float32", help="Forward passes of reward_model and judge_model: bf16 runs them under "
                                               "bf16 autocast (weights stay in dtype), as train-rm's "
-                                              "trainer.precision=bf16 trained them; 2-3x faster on GPUs and on "
+                                              "trainer.precision=bf16 trained them; faster on GPUs and on "
                                               "CPUs with bf16 matmuls (avx512_bf16, AMX), slower on other CPUs. "
                                               "bf16_if_native: bf16 where the device has bf16 "
                                               "matmuls, else float32. Generation is not affected.",

@@ -68,8 +68,8 @@ class RewardModelConfig:
                                           "share (the prompt and any common start of the answers) once per pair in every "
                                           "forward pass (alignctl/models/reward_forward.py): same scores to float rounding, "
                                           "fewer tokens (score_from=likelihood: the prompt, everything before the reply). Attention 'auto' then picks "
-                                          "alignctl_segment_sdpa. auto: on CPU only (on an H200 a step of 8 pairs took 222 ms "
-                                          "shared, 54 ms padded).")
+                                          "alignctl_segment_sdpa. auto: on CPU only (on a GPU the padded batch is faster; "
+                                          "docs/gpu_and_cluster.md).")
     audit: bool = field(True, help="Before training, run the cheap checks of 'alignctl audit' on the pairs (empty, "
                                    "chosen == rejected, exact duplicates, held-out prompts also in training, length "
                                    "bias) and warn about each finding; false skips them.")

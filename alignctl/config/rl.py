@@ -55,15 +55,15 @@ class ModelConfig:
     use_remove_padding: bool | Literal["auto"] = field("auto", help="Pack sequences (block-diagonal attention) in "
                                                   "log-prob and training forwards. auto: packed on CPU workers, and on "
                                                   "GPU workers only when flash-attn is installed (without it the "
-                                                  "segment kernel measured 3.7-7.7x slower than padded sdpa on an "
-                                                  "H200; docs/gpu_and_cluster.md).")
+                                                  "segment kernel is slower than padded sdpa on a GPU; "
+                                                  "docs/gpu_and_cluster.md).")
     max_packed_row_tokens: int = field(2048, ge=1, help="Most tokens per packed row in no-grad passes (old/ref "
                                                   "log-probs, values): with a dense block-diagonal mask (sdpa, "
                                                   "eager) attention cost grows with the square of a row. Training "
                                                   "forwards pack each micro-batch into one row.")
     share_prompt: bool | Literal["auto"] = field("auto", help="Compute each distinct prompt once per packed row, with its responses attending to that one copy "
                                            "(GRPO-style groups of n samples): same numbers, fewer tokens. auto: on "
-                                           "CPU workers only (on an H200 it was the slowest layout). Needs "
+                                           "CPU workers only (on a GPU it is the slowest layout). Needs "
                                            "use_remove_padding and alignctl_segment_sdpa, sdpa or eager attention "
                                            "(flash attention falls back to plain packing).")
     enable_gradient_checkpointing: bool = field(False, help="Recompute activations in backward to save memory.")
@@ -161,8 +161,8 @@ class ActorConfig:
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per reference forward (default: all).")
     dtype: str = field("auto", help="Weights of the frozen reference copy. auto: the policy's model.dtype. bfloat16: "
-                                    "a bf16 copy whose output projection stays float32 (the quickstart's reference "
-                                    "pass 2.1 -> 1.4 s on 2 CPU cores with bf16 instructions; docs/models.md). Full "
+                                    "a bf16 copy whose output projection stays float32 (faster where bf16 matmuls are "
+                                    "native; docs/models.md). Full "
                                     "fine-tuning with actor.strategy=ddp only.", choices=("auto", "bfloat16"))
     fsdp_config: FrozenOffloadConfig = section(FrozenOffloadConfig, help="Offload of the reference weights (full "
                                                                          "fine-tuning; under LoRA there are none).")
@@ -209,9 +209,9 @@ class RolloutConfig:
     do_sample: bool = field(True, help="Sample (true) or greedy (false).")
     dtype: str = field("auto", help="hf engine: the weights it generates with. auto: the training module itself (no "
                                     "copy). bfloat16: a bf16 copy of the policy (output projection float32), "
-                                    "refreshed from the training weights before every rollout (the quickstart's "
-                                    "generation 5.1 -> 3.6 s per step on 2 CPU cores with bf16 instructions, and "
-                                    "it learned less: docs/models.md). With actor.recompute_old_log_prob=false "
+                                    "refreshed from the training weights before every rollout (faster where bf16 "
+                                    "matmuls are native, and RL learned less with it: "
+                                    "docs/results.md). With actor.recompute_old_log_prob=false "
                                     "its log-probs are the old log-probs. "
                                     "Full fine-tuning with actor.strategy=ddp only.", choices=("auto", "bfloat16"))
     log_prob_micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Responses per old-log-prob forward (default: all).")
@@ -375,7 +375,7 @@ class TrainerConfig:
                                         "values, reward-model scores) run under bf16 autocast while parameters, "
                                         "gradients and optimizer state stay in model.dtype; the LM head runs in "
                                         "float32 and log-probs are taken in float32. Faster on GPUs and on CPUs with bf16 instructions "
-                                        "(avx512_bf16/AMX; docs/models.md has the measured factor).",
+                                        "(avx512_bf16/AMX; docs/results.md).",
                            choices=("fp32", "bf16"))
     test_freq: int = field(-1, ge=-1, help="Validate every N steps (-1: only at the end).")
     val_before_train: bool = field(True, help="Validate before the first step.")
@@ -410,7 +410,7 @@ class TrainerConfig:
                                               "actor update); false runs them phase by phase (for measuring).")
     reuse_workers: bool = field(True, help="A run that ends cleanly keeps its CPU worker processes (no roles, heap "
                                            "returned) for the next run in the same process with the same pools, "
-                                           "which skips ~10 s of start-up per worker; GPU workers always stop. "
+                                           "which skips each worker's start-up; GPU workers always stop. "
                                            "false: every run starts fresh processes.")
 
     @property
