@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
+from alignctl.algos import POLICY_LOSSES
 from alignctl.errors import UserError
 from alignctl.plugins import import_roots, load_plugins, normalize_plugins, where_plugins_come_from
+from alignctl.trainers.estimators import ADV_ESTIMATORS
 from rl_helpers import make_assets, read_metrics, rl_config
 
 # A loss whose value is known without running the model: 7.25 per valid token, aggregated with the
@@ -35,10 +36,9 @@ def constant_loss(old_log_prob, log_prob, advantages, response_mask, *, loss_agg
 '''
 
 ESTIMATOR_PLUGIN = '''
-from alignctl.algos import register_adv_estimator
-from alignctl.algos.advantages import ADV_ESTIMATORS
+from alignctl.trainers.estimators import ADV_ESTIMATORS, register_adv_estimator
 
-register_adv_estimator("grpo_from_file")(ADV_ESTIMATORS.get("grpo"))
+register_adv_estimator("grpo_from_file", min_group_size=2)(ADV_ESTIMATORS.get("grpo").fn)
 '''
 
 

@@ -8,15 +8,7 @@ deepspeed nor transformers. Formulas and config names: docs/algorithms.md.
 
 from __future__ import annotations
 
-from alignctl.algos.advantages import (
-    ADV_ESTIMATORS,
-    AdvantageEstimator,
-    GroupIndex,
-    discounted_returns,
-    get_adv_estimator,
-    group_ids,
-    register_adv_estimator,
-)
+from alignctl.algos.advantages import GroupIndex, discounted_returns, group_ids
 from alignctl.algos.aggregation import LOSS_AGG_MODES, agg_loss, count_loss_seqs, count_loss_tokens
 from alignctl.algos.bradley_terry import bradley_terry_loss, preference_accuracy
 from alignctl.algos.entropy import entropy_from_log_probs, entropy_from_logits
@@ -33,9 +25,7 @@ from alignctl.algos.registry import Registry
 from alignctl.algos.value import compute_value_loss
 
 __all__ = [
-    "ADV_ESTIMATORS",
     "AdaptiveKLController",
-    "AdvantageEstimator",
     "FixedKLController",
     "GroupIndex",
     "KL_CTRL_TYPES",
@@ -52,7 +42,6 @@ __all__ = [
     "discounted_returns",
     "entropy_from_log_probs",
     "entropy_from_logits",
-    "get_adv_estimator",
     "get_policy_loss",
     "group_ids",
     "kl_penalized_rewards",
@@ -64,7 +53,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "preference_accuracy",
-    "register_adv_estimator",
     "register_policy_loss",
     "safe_div",
 ]

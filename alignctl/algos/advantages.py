@@ -1,4 +1,4 @@
-"""Advantage estimators (config: ``algorithm.adv_estimator``), all behind one signature.
+"""Advantage estimators: the math behind ``algorithm.adv_estimator``.
 
 Notation:
     B: responses in the batch, T: padded response length, G: number of prompt groups
@@ -9,8 +9,9 @@ Notation:
 
 Every estimator is ``fn(token_level_rewards [B, T], response_mask [B, T], *, values=None,
 group_index=None, baseline_rewards=None, gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6)
--> (advantages [B, T], returns [B, T])`` and ignores the keywords it does not use, so the
-controller calls any of them the same way. Outputs carry no gradient.
+-> (advantages [B, T], returns [B, T])`` and ignores the keywords it does not use. Outputs carry no
+gradient. The registry that names them for the config, with what each needs from the loop (a
+critic, groups, an extra rollout), is one layer up: ``alignctl/trainers/estimators.py``.
 
 Shared rules:
     * outputs are 0 at masked positions; inputs at masked positions (rewards, values) are never read
@@ -24,56 +25,27 @@ Shared rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from collections.abc import Hashable, Sequence
 
 import torch
 
 from alignctl.algos.masked import masked_whiten, safe_div
-from alignctl.algos.registry import Registry
 
 __all__ = [
-    "ADV_ESTIMATORS",
-    "AdvantageEstimator",
     "GroupIndex",
-    "register_adv_estimator",
-    "get_adv_estimator",
-    "group_ids",
     "discounted_returns",
+    "gae_advantages",
+    "grpo_advantages",
+    "grpo_passk_advantages",
+    "group_ids",
+    "opo_advantages",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "remax_advantages",
+    "rloo_advantages",
 ]
 
 GroupIndex = torch.Tensor | Sequence[Hashable]
-
-
-class AdvantageEstimator(Protocol):
-    """The one signature every registered estimator has."""
-
-    def __call__(
-        self,
-        token_level_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        group_index: GroupIndex | None = None,
-        baseline_rewards: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-        norm_adv_by_std: bool = True,
-        epsilon: float = 1e-6,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-ADV_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
-
-
-def register_adv_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator registering an estimator under ``name`` (the ``algorithm.adv_estimator`` value)."""
-    return ADV_ESTIMATORS.register(name)
-
-
-def get_adv_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as ``name``; ``ValueError`` listing the valid names otherwise."""
-    return ADV_ESTIMATORS.get(name)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -162,7 +134,6 @@ def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.T
 # keyword fails loudly instead of being silently ignored.
 
 
-@register_adv_estimator("gae")
 @torch.no_grad()
 def gae_advantages(
     token_level_rewards: torch.Tensor,
@@ -201,7 +172,6 @@ def gae_advantages(
     return masked_whiten(raw, response_mask), returns
 
 
-@register_adv_estimator("grpo")
 @torch.no_grad()
 def grpo_advantages(
     token_level_rewards: torch.Tensor,
@@ -226,7 +196,6 @@ def grpo_advantages(
     return adv, adv
 
 
-@register_adv_estimator("rloo")
 @torch.no_grad()
 def rloo_advantages(
     token_level_rewards: torch.Tensor,
@@ -250,7 +219,6 @@ def rloo_advantages(
     return adv, adv
 
 
-@register_adv_estimator("opo")
 @torch.no_grad()
 def opo_advantages(
     token_level_rewards: torch.Tensor,
@@ -276,7 +244,6 @@ def opo_advantages(
     return adv, adv
 
 
-@register_adv_estimator("reinforce_plus_plus")
 @torch.no_grad()
 def reinforce_plus_plus_advantages(
     token_level_rewards: torch.Tensor,
@@ -298,7 +265,6 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns, response_mask), returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantages(
     token_level_rewards: torch.Tensor,
@@ -322,7 +288,6 @@ def reinforce_plus_plus_baseline_advantages(
     return adv, adv
 
 
-@register_adv_estimator("remax")
 @torch.no_grad()
 def remax_advantages(
     token_level_rewards: torch.Tensor,
@@ -348,7 +313,6 @@ def remax_advantages(
     return adv, returns
 
 
-@register_adv_estimator("grpo_passk")
 @torch.no_grad()
 def grpo_passk_advantages(
     token_level_rewards: torch.Tensor,

@@ -1,7 +1,7 @@
 """Name-keyed registries: config strings select functions, never ``if/elif`` chains in trainers.
 
-A ``Registry`` behaves like a read-only collection of names (``"grpo" in ADV_ESTIMATORS``,
-``sorted(ADV_ESTIMATORS)``), so the list a config validator shows is always the live one,
+A ``Registry`` behaves like a read-only collection of names (``"vanilla" in POLICY_LOSSES``,
+``sorted(POLICY_LOSSES)``), so the list a config validator shows is always the live one,
 including functions users register from their own code.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from alignctl.config.core import field, section
 from alignctl.config.placement import DEFAULT_POOL, PlacementConfig, PoolConfig, check_placement, pool_key, pool_shapes
@@ -17,7 +17,6 @@ from alignctl.errors import UserError
 from alignctl.plugins import load_plugins, where_plugins_come_from
 
 STRATEGIES = ("ddp", "fsdp2", "deepspeed")
-CRITIC_ESTIMATORS = ("gae",)
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -194,6 +193,10 @@ class MultiTurnConfig:
                                      "busy when tools are slow (a subprocess, a remote service).")
     enable_python_tool: bool = field(False, help="Allow the 'python' tool (runs model-written code in a sandboxed "
                                                  "subprocess; docs/agents.md says what it contains).")
+    isolation: str = field("bwrap", help="How the python tool isolates model-written code. bwrap: bubblewrap "
+                                         "namespaces (no network, no host files; refused when bwrap cannot run "
+                                         "here). none: a plain subprocess with limits, as you, for those who "
+                                         "accept the risk (docs/security.md).", choices=("bwrap", "none"))
     valid_call_reward: float = field(0.0, help="Added to a trajectory's reward per tool call that ran without error.")
     tool_error_penalty: float = field(0.0, ge=0, help="Subtracted from a trajectory's reward per failed tool call "
                                                       "(malformed, unknown tool, bad arguments, exception, timeout).")
@@ -280,7 +283,8 @@ class RewardModelConfig:
     model: RewardModelSection = section(RewardModelSection, help="The reward model.")
     micro_batch_size_per_gpu: int | None = field(None, ge=1, help="Pairs per reward-model forward.")
     normalize: bool = field(True, help="Normalise RM scores with the mean/std saved by train-rm.")
-    reward_manager: str = field("naive", help="Rule/custom reward manager.", choices=("naive", "batch", "dapo"))
+    reward_manager: str = field("naive", help="Rule/custom reward manager from the registry: naive, batch, dapo, "
+                                              "or one a plugin registers.")
     num_workers: int = field(0, ge=0, help="Processes scoring responses in parallel (0: in the controller).")
     timeout_s: float = field(10.0, gt=0, help="Hard per-item scoring timeout (seconds); a timed-out item scores 0.")
     rule_weight: float = field(1.0, help="Weight of the rule/custom score when an RM is also used.")
@@ -312,8 +316,14 @@ class FilterGroups:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = field("grpo", help="Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, "
-                                           "reinforce_plus_plus_baseline, remax, opo, grpo_passk.")
+    adv_estimator: str = field("grpo", help="Advantage estimator from the registry: gae, grpo, rloo, "
+                                           "reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, "
+                                           "grpo_passk, or one a plugin registers.")
+    estimator_kwargs: dict[str, Any] = field(default_factory=dict, help="Options of the chosen estimator, by the "
+                                                                        "names it declares (a plugin's own "
+                                                                        "hyperparameters; the built-ins have none); "
+                                                                        "a key it does not declare is an error. Filled "
+                                                                        "with the estimator's defaults.")
     gamma: float = field(1.0, ge=0, le=1, help="Discount.")
     lam: float = field(1.0, ge=0, le=1, help="GAE lambda.")
     norm_adv_by_std_in_grpo: bool = field(True, help="false gives Dr.GRPO.")
@@ -324,7 +334,8 @@ class AlgorithmConfig:
     filter_groups: FilterGroups = section(FilterGroups, help="DAPO dynamic sampling.")
     plugins: list[str] = field(default_factory=list, help="Modules (my_pkg.losses) or .py files imported in the "
                                                           "controller and every worker before the registries are read: "
-                                                          "they register estimators and losses (docs/customize.md). "
+                                                          "they register estimators, losses, reward managers and tools "
+                                                          "(docs/customize.md). "
                                                           "Installed 'alignctl.plugins' entry points load too.")
 
 
@@ -433,28 +444,37 @@ class RLConfig:
     monitor: MonitorConfig = section(MonitorConfig, help="Training-health alarms (docs/monitor.md).")
 
     def _check_registries(self) -> None:
-        from alignctl.algos import ADV_ESTIMATORS, POLICY_LOSSES
+        from alignctl.algos import POLICY_LOSSES
+        from alignctl.algos.kl import KL_PENALTY_KINDS
+        from alignctl.rewards.managers import REWARD_MANAGERS
+        from alignctl.trainers.estimators import ADV_ESTIMATORS, resolve_estimator_kwargs
 
         # Absolute file paths, so that workers (other folders, other nodes) import the same files.
         self.algorithm.plugins = load_plugins(self.algorithm.plugins)
-        estimator = self.algorithm.adv_estimator
-        if estimator not in ADV_ESTIMATORS:
-            raise UserError(f"key 'algorithm.adv_estimator' expected one of {', '.join(ADV_ESTIMATORS)}, got "
-                            f"{estimator!r}; {where_plugins_come_from(self.algorithm.plugins)}")
-        from alignctl.algos.kl import KL_PENALTY_KINDS
-
+        for key, name, registry in (
+                ("algorithm.adv_estimator", self.algorithm.adv_estimator, ADV_ESTIMATORS),
+                ("actor_rollout_ref.actor.policy_loss.loss_mode", self.actor_rollout_ref.actor.policy_loss.loss_mode,
+                 POLICY_LOSSES),
+                ("reward_model.reward_manager", self.reward_model.reward_manager, REWARD_MANAGERS)):
+            if name not in registry:
+                raise UserError(f"key {key!r} expected one of {', '.join(registry)}, got {name!r}; "
+                                f"{where_plugins_come_from(self.algorithm.plugins)}")
+        try:
+            self.algorithm.estimator_kwargs = resolve_estimator_kwargs(self.algorithm.adv_estimator,
+                                                                       self.algorithm.estimator_kwargs)
+        except ValueError as exc:
+            raise UserError(f"key 'algorithm.estimator_kwargs': {exc}") from None
         for key, kind in (("actor_rollout_ref.actor.kl_loss_type", self.actor_rollout_ref.actor.kl_loss_type),
                           ("algorithm.kl_penalty", self.algorithm.kl_penalty)):
             if kind not in KL_PENALTY_KINDS:
                 raise UserError(f"key {key!r} expected one of {', '.join(KL_PENALTY_KINDS)}, got {kind!r}")
-        loss = self.actor_rollout_ref.actor.policy_loss.loss_mode
-        if loss not in POLICY_LOSSES:
-            raise UserError(f"key 'actor_rollout_ref.actor.policy_loss.loss_mode' expected one of "
-                            f"{', '.join(POLICY_LOSSES)}, got {loss!r}; {where_plugins_come_from(self.algorithm.plugins)}")
 
     @property
     def use_critic(self) -> bool:
-        return self.algorithm.adv_estimator in CRITIC_ESTIMATORS
+        """Whether the estimator declares that it needs a critic (a value model and its role)."""
+        from alignctl.trainers.estimators import get_adv_estimator
+
+        return get_adv_estimator(self.algorithm.adv_estimator).critic
 
     @property
     def needs_reference(self) -> bool:
@@ -532,10 +552,20 @@ class RLConfig:
         for key in ("test_freq", "save_freq"):
             if getattr(self.trainer, key) == 0:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
-        if self.algorithm.adv_estimator in ("grpo", "rloo", "opo", "grpo_passk",
-                                            "reinforce_plus_plus_baseline") and n < 2:
-            raise UserError(f"algorithm.adv_estimator={self.algorithm.adv_estimator} compares responses of a "
-                            f"prompt: set actor_rollout_ref.rollout.n >= 2 (got {n})")
+        self._check_estimator_needs()
+
+    def _check_estimator_needs(self) -> None:
+        """What the registered estimator declares it needs (trainers/estimators.py)."""
+        from alignctl.trainers.estimators import get_adv_estimator
+
+        estimator, n = get_adv_estimator(self.algorithm.adv_estimator), self.actor_rollout_ref.rollout.n
+        if n < estimator.min_group_size:
+            raise UserError(f"algorithm.adv_estimator={estimator.name} compares responses of a prompt: set "
+                            f"actor_rollout_ref.rollout.n >= {estimator.min_group_size} (got {n})")
+        if estimator.extra_rollouts and self.algorithm.filter_groups.enable:
+            raise UserError(f"algorithm.adv_estimator={estimator.name} needs the extra rollout(s) "
+                            f"{', '.join(estimator.extra_rollouts)}, which DAPO's dynamic sampling "
+                            f"(algorithm.filter_groups.enable) does not run; use another estimator or disable it")
 
     def _check_critic_batches(self, world: int) -> None:
         """The critic splits each step's batch like the actor does: the same divisibility rules."""
@@ -610,6 +640,12 @@ class RLConfig:
         if "python" in mt.tools and not mt.enable_python_tool:
             raise UserError("key 'actor_rollout_ref.rollout.multi_turn.tools' names 'python', which runs model-written "
                             "code: set multi_turn.enable_python_tool=true to allow it (docs/agents.md)")
+        if "python" in mt.tools:
+            from alignctl.tools.python_sandbox import python_tool_problem
+
+            problem = python_tool_problem(mt.isolation)
+            if problem:
+                raise UserError(f"key 'actor_rollout_ref.rollout.multi_turn.isolation': {problem}")
         if self.data.custom_cls.path:
             raise UserError("multi_turn.enable with data.custom_cls: a custom dataset renders its own prompt ids, "
                             "without the tool list; use the built-in dataset")

@@ -26,7 +26,8 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.microbatch import balance_batch, balance_groups
 from alignctl.monitor import Alarm, Monitor, Thresholds, response_diversity
 from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
-from alignctl.trainers.advantage import compute_advantage
+from alignctl.trainers.estimators import compute_advantage, get_adv_estimator
+from alignctl.trainers.extra_rollouts import EXTRA_ROLLOUTS
 from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
                                           start_partial, truncate_metrics, write_state)
 from alignctl.trainers.metrics import (Timer, data_metrics, kl_metrics, rollout_mismatch_metrics, throughput,
@@ -103,8 +104,7 @@ class RLTrainer:
         rollout = self.cfg.actor_rollout_ref.rollout
         batch = self.generate(prompts, n=rollout.n, do_sample=rollout.do_sample, temperature=rollout.temperature,
                               top_p=rollout.top_p, top_k=rollout.top_k)
-        if self.cfg.algorithm.adv_estimator == "remax":
-            batch = self.add_greedy_baseline(prompts, batch)
+        batch = self.add_extra_rollouts(prompts, batch)
         return batch, self.parts.reward.submit(batch)
 
     def generate(self, prompts: Batch, *, n: int, do_sample: bool, temperature: float, top_p: float,
@@ -115,13 +115,11 @@ class RLTrainer:
                             prompt_width=prompt_width or max(len(p) for p in prompts["prompt_ids"]))
         return self.workers.split("actor", "generate_sequences", prompts)
 
-    def add_greedy_baseline(self, prompts: Batch, batch: Batch) -> Batch:
-        """ReMax: the reward of each prompt's greedy response is the baseline of its samples."""
-        greedy = self.generate(prompts.select(prompts.keys()), n=1, do_sample=False, temperature=1.0, top_p=1.0, top_k=-1)
-        scores = self.parts.reward.score(greedy)["token_level_scores"].sum(-1)
-        by_uid = dict(zip(greedy["group_index"].tolist(), scores.tolist()))
-        baseline = torch.tensor([by_uid[int(u)] for u in batch["group_index"]])
-        return batch.union(Batch({"baseline_rewards": baseline}))
+    def add_extra_rollouts(self, prompts: Batch, batch: Batch) -> Batch:
+        """The extra rollouts the estimator declares (ReMax: its greedy baseline), unioned into ``batch``."""
+        for name in get_adv_estimator(self.cfg.algorithm.adv_estimator).extra_rollouts:
+            batch = batch.union(EXTRA_ROLLOUTS.get(name)(self, prompts, batch))
+        return batch
 
     def balance_order(self, batch: Batch) -> list[int]:
         """Row order giving every worker the same token count (identity when balancing is off); with
@@ -253,7 +251,8 @@ class RLTrainer:
         (run_dir / "config.yaml").write_text(to_yaml(self.cfg), encoding="utf-8")
         (run_dir / "workers.json").write_text(json.dumps(self.workers.describe(), indent=2), encoding="utf-8")
         return Tracker.create(self.cfg.trainer.logger, run_dir, project=self.cfg.trainer.project_name,
-                              name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg), resume=resume)
+                              name=self.cfg.trainer.experiment_name, config=to_dict(self.cfg), resume=resume,
+                              total_steps=self.parts.total_steps)
 
     def check_reward_signal(self, batch: Batch) -> None:
         """The first batch of a fresh run: when every response got the same reward, every advantage
