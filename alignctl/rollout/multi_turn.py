@@ -31,7 +31,7 @@ import concurrent.futures
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,10 +118,12 @@ class MultiTurnRollout(RolloutEngine):
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, tools: list[str], *, max_turns: int,
                  max_response_length: int, stop_ids: Sequence[int], timeout_s: float | None = None,
-                 max_parallel_tools: int = 8, lanes: int = 1) -> None:
+                 max_parallel_tools: int = 8, lanes: int = 1, tool_settings: Mapping[str, Any] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.tools = {name: _with_timeout(TOOLS.get(name), timeout_s) for name in tools}
+        # tool_settings: config values a tool declares it takes (the python tool's isolation)
+        self.tools = {name: _with_timeout(TOOLS.get(name).configured(tool_settings or {}), timeout_s)
+                      for name in tools}
         self.max_turns = max_turns
         self.budget = max_response_length
         self.stop_ids = tuple(stop_ids)

@@ -10,8 +10,10 @@ the policy reads the error and can try again, and the metrics count it.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,14 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., str]
     timeout_s: float = 5.0
+    # keyword arguments the tool takes from the run's config, never from the model (the schema's
+    # properties are all the model may pass), e.g. the python tool's ``isolation``
+    settings: tuple[str, ...] = ()
+
+    def configured(self, values: Mapping[str, Any]) -> Tool:
+        """This tool with the config ``values`` it declares in ``settings`` bound to its function."""
+        bound = {name: values[name] for name in self.settings if name in values}
+        return dataclasses.replace(self, fn=functools.partial(self.fn, **bound)) if bound else self
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-calling form that chat templates render (``tools=[...]``)."""
@@ -68,12 +78,13 @@ class ToolResult:
 TOOLS: Registry[Any] = Registry("tool")
 
 
-def register_tool(name: str, description: str, parameters: dict[str, Any], *, timeout_s: float = 5.0
-                  ) -> Callable[[Callable[..., str]], Callable[..., str]]:
-    """Decorator: ``@register_tool("calculator", "...", {...schema...})`` on ``fn(**args) -> str``."""
+def register_tool(name: str, description: str, parameters: dict[str, Any], *, timeout_s: float = 5.0,
+                  settings: tuple[str, ...] = ()) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Decorator: ``@register_tool("calculator", "...", {...schema...})`` on ``fn(**args) -> str``;
+    ``settings``: keyword arguments ``fn`` also takes from the config (Tool.settings)."""
 
     def decorator(fn: Callable[..., str]) -> Callable[..., str]:
-        TOOLS.register(name)(Tool(name, description, parameters, fn, timeout_s))
+        TOOLS.register(name)(Tool(name, description, parameters, fn, timeout_s, settings))
         return fn
 
     return decorator

@@ -1,54 +1,58 @@
-"""The ``python`` tool: run a snippet in a throw-away subprocess with limits. Off unless the
-config enables it (``multi_turn.enable_python_tool``): it runs code the policy wrote.
+"""The ``python`` tool: run a snippet the policy wrote, isolated, with limits. Off unless the config
+enables it (``multi_turn.enable_python_tool``).
 
-Containment, in layers (each tested in tests/test_tools.py):
+Isolation (``multi_turn.isolation``):
 
-- a fresh interpreter (``python -I``: no user site, no PYTHON* variables) in a new empty working
-  folder that is deleted afterwards, with a minimal environment and a new session (the whole
-  process group is killed on timeout);
-- resource limits: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS, so a 10 GB allocation is a
-  MemoryError), size of any file written (RLIMIT_FSIZE), and the captured output is cut at
-  ``MAX_OUTPUT`` characters;
-- a network namespace of its own when the kernel allows unprivileged ones (no interfaces but
-  loopback), and in any case
-- a Python audit hook, installed before the snippet runs and impossible to remove from Python,
-  that refuses sockets, new processes (fork, exec, spawn, ``os.system``, subprocess), ctypes
-  and writes, renames or deletions outside the working folder.
+- ``bwrap`` (the default): the snippet runs under bubblewrap (alignctl/tools/bwrap.py says
+  exactly what it sees); when bubblewrap cannot run here the config is refused before anything
+  starts.
+- ``none``: a plain subprocess, for those who accept running model-written code as themselves.
 
-It is a sandbox for honest mistakes and reward hacking by a small model, not a security boundary
-for hostile code: use a container or VM for that (docs/agents.md).
+Limits, in both modes: CPU seconds (RLIMIT_CPU), address space per process (RLIMIT_AS, so a
+10 GB allocation is a MemoryError), size of a written file (RLIMIT_FSIZE), wall-clock seconds
+(the whole sandbox is killed), and output (reading stops, and the sandbox is killed, past
+``OUTPUT_BYTES``; the text is cut at ``MAX_OUTPUT`` characters). Under bwrap also processes
+(RLIMIT_NPROC, counted per user namespace, so only the sandbox's own tasks count; root runs the
+sandbox as nobody because the kernel exempts root from this limit) and scratch space (a tmpfs of
+``SCRATCH_BYTES``).
+
+A Python audit hook stays as a second layer: it refuses sockets, new processes, ctypes and writes
+outside the working folder. Code in the same interpreter can switch it off, which is why it is
+not the boundary.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 
+from alignctl.tools import bwrap
 from alignctl.tools.base import register_tool
 
-CPU_SECONDS, MEMORY_BYTES, FILE_BYTES, MAX_OUTPUT = 5, 512 * 1024**2, 8 * 1024**2, 4000
+CPU_SECONDS, MEMORY_BYTES, FILE_BYTES, MAX_PROCESSES = 5, 512 * 1024**2, 8 * 1024**2, 16
+MAX_OUTPUT, OUTPUT_BYTES = 4000, 64 * 1024
+ISOLATION_MODES = ("bwrap", "none")
+_EXIT_GRACE_S = 0.5  # how long pipes may stay open after the snippet's process exited
 
-# Runs first in the child: installs the audit hook, then executes the snippet (argv[1]).
+# Runs first in the child: sets the limits, installs the audit hook, then executes the snippet (argv[1]).
 BOOTSTRAP = r'''
 import os, resource, sys
 sys.dont_write_bytecode = True
-_cpu, _memory, _file = (int(v) for v in sys.argv[2:5])
+_cpu, _memory, _file, _nproc = (int(v) for v in sys.argv[2:6])
 resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu))
 resource.setrlimit(resource.RLIMIT_AS, (_memory, _memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (_file, _file))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-try:  # a network namespace of its own (no interfaces but loopback), where unprivileged ones exist
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000)  # CLONE_NEWUSER | CLONE_NEWNET
-    del ctypes
-except Exception:
-    pass
-for _name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
-    del sys.modules[_name]  # so that an import by the snippet goes through the audit hook
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+if _nproc:
+    resource.setrlimit(resource.RLIMIT_NPROC, (_nproc, _nproc))
 _ROOT = os.path.realpath(os.getcwd())
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _BLOCKED = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn",
@@ -85,35 +89,109 @@ exec(compile(_code, "<tool>", "exec"), {"__name__": "__main__"})
 '''
 
 
-def run_python(code: str, *, wall_seconds: float = CPU_SECONDS + 2) -> str:
+@dataclass
+class Captured:
+    stdout: bytes
+    stderr: bytes
+    returncode: int | None  # None: killed by us (wall clock or output limit)
+    stopped: str = ""  # why we killed it: "wall" or "output"
+
+
+def run_python(code: str, *, isolation_mode: str = "bwrap", wall_seconds: float = CPU_SECONDS + 2) -> str:
     """stdout (then stderr) of ``code``, cut at MAX_OUTPUT characters; a timeout or a limit is
     reported in the text."""
+    if isolation_mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {isolation_mode!r}")
+    limits = [str(CPU_SECONDS), str(MEMORY_BYTES), str(FILE_BYTES)]
+    if isolation_mode == "bwrap":
+        problem = bwrap.isolation_problem()
+        if problem:
+            return f"error: {problem}"
+        runtime = bwrap.Runtime.current()
+        argv = [runtime.interpreter, "-I", "-S", "-B", "-c", BOOTSTRAP, code, *limits, str(MAX_PROCESSES)]
+        command, mounts = bwrap.sandbox_command(runtime, argv)
+        try:
+            got = _capture(command, wall_seconds, pass_fds=tuple(mounts.fds), env=bwrap.BWRAP_ENV,
+                           **bwrap.popen_identity())
+        finally:
+            mounts.close()
+        return _report(got, wall_seconds, signal_offset=128)  # bwrap exits 128 + signal for a killed snippet
     workdir = tempfile.mkdtemp(prefix="alignctl-tool-")
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-    try:
-        # The limits are set by the child itself (BOOTSTRAP), not in a preexec_fn: that is unsafe
-        # in a threaded parent such as a Ray worker.
-        limits = [str(CPU_SECONDS), str(MEMORY_BYTES), str(FILE_BYTES)]
-        proc = subprocess.Popen([sys.executable, "-I", "-c", BOOTSTRAP, code, *limits], cwd=workdir, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=wall_seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return f"error: the code ran longer than {wall_seconds:g} s and was stopped"
+    try:  # no RLIMIT_NPROC here: outside a user namespace it would count every process of this user
+        got = _capture([sys.executable, "-I", "-c", BOOTSTRAP, code, *limits, "0"], wall_seconds, cwd=workdir,
+                       env=env)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    text = out.decode(errors="replace") + err.decode(errors="replace")
-    if proc.returncode < 0:
-        text += f"\n[killed by signal {-proc.returncode}: a CPU or memory limit]"
-    return text[:MAX_OUTPUT] + ("\n[output cut]" if len(text) > MAX_OUTPUT else "")
+    return _report(got, wall_seconds, signal_offset=None)
 
 
-@register_tool("python", "Run a short Python 3 program and return what it prints (no network, no files "
-                         "outside a scratch folder, limited CPU and memory).",
+def _capture(command: list[str], wall_seconds: float, **popen: object) -> Captured:
+    """Run ``command`` reading its output as it comes; kill it (its whole process group, and under
+    bwrap with it the PID namespace) at the wall-clock limit or past OUTPUT_BYTES. Returns by the
+    limit even when a process that escaped the kill keeps the pipes open."""
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, **popen)  # type: ignore[call-overload]
+    chunks: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}  # type: ignore[union-attr]
+    deadline, exited_at, total, stopped = time.monotonic() + wall_seconds, None, 0, ""
+    with selectors.DefaultSelector() as selector:
+        for pipe in (proc.stdout, proc.stderr):
+            os.set_blocking(pipe.fileno(), False)  # type: ignore[union-attr]
+            selector.register(pipe, selectors.EVENT_READ)  # type: ignore[arg-type]
+        while selector.get_map():
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if now >= deadline or (exited_at is not None and now - exited_at > _EXIT_GRACE_S):
+                stopped = "wall" if exited_at is None else ""
+                break
+            for key, _ in selector.select(timeout=min(deadline - now, 0.05)):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                chunks[key.fd].append(data)
+                total += len(data)
+            if total > OUTPUT_BYTES:
+                stopped = "output"
+                break
+    _kill(proc)
+    out, err = (b"".join(chunks[p.fileno()]) for p in (proc.stdout, proc.stderr))  # type: ignore[union-attr]
+    proc.stdout.close(), proc.stderr.close()  # type: ignore[union-attr, func-returns-value]
+    return Captured(out, err, None if stopped else proc.returncode, stopped)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def _report(got: Captured, wall_seconds: float, signal_offset: int | None) -> str:
+    if got.stopped == "wall":
+        return f"error: the code ran longer than {wall_seconds:g} s and was stopped"
+    text = got.stdout.decode(errors="replace") + got.stderr.decode(errors="replace")
+    code = got.returncode
+    signum = -code if code is not None and code < 0 else (
+        code - signal_offset if signal_offset and code is not None and code > signal_offset else 0)
+    if signum:
+        text += f"\n[killed by signal {signum}: a CPU or memory limit]"
+    cut = got.stopped == "output" or len(text) > MAX_OUTPUT
+    return text[:MAX_OUTPUT] + ("\n[output cut]" if cut else "")
+
+
+@register_tool("python", "Run a short Python 3 program and return what it prints (standard library only; no "
+                         "network, no files but a scratch folder, limited CPU, memory and processes).",
                {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
-                "required": ["code"]}, timeout_s=CPU_SECONDS + 4)
-def python(code: str) -> str:
-    return run_python(code)
+                "required": ["code"]}, timeout_s=CPU_SECONDS + 4, settings=("isolation",))
+def python(code: str, isolation: str = "bwrap") -> str:
+    return run_python(code, isolation_mode=isolation)
+
+
+def python_tool_problem(isolation_mode: str) -> str | None:
+    """Why the python tool cannot run with ``isolation_mode`` on this machine (for the config check)."""
+    return bwrap.isolation_problem() if isolation_mode == "bwrap" else None
+
