@@ -1,7 +1,8 @@
 """The single-controller RL loop: one loop for every estimator (PPO, GRPO, RLOO, REINFORCE++, ReMax,
 OPO, Dr.GRPO, DAPO). It holds no model weights: workers do, and the controller only moves Batches.
 
-``train_step`` reads like the listing in DESIGN.md. Customise the training logic by subclassing and
+``train_step`` reads as the algorithm's pseudo-code: generate, score, log-probs, values, advantages,
+updates. Customise the training logic by subclassing and
 overriding a hook (``collect_batch`` is where DAPO's dynamic sampling plugs in).
 """
 
