@@ -16,12 +16,14 @@ import torch
 from alignctl.errors import UserError
 from alignctl.rewards import load_reward_function
 from alignctl.rewards.managers import (
+    REWARD_MANAGERS,
     BatchRewardManager,
     DAPORewardManager,
     NaiveRewardManager,
     RewardInputs,
     build_reward_manager,
     overlong_penalty,
+    register_reward_manager,
 )
 
 USER_FILE = """
@@ -232,7 +234,7 @@ def test_dapo_penalty_keeps_growing_past_max_resp_len() -> None:
 
 def test_build_reward_manager_errors() -> None:
     assert isinstance(build_reward_manager("batch"), BatchRewardManager)
-    with pytest.raises(UserError, match=r"unknown reward manager 'prime' \(known: naive, batch, dapo\)"):
+    with pytest.raises(UserError, match=r"unknown reward manager 'prime' \(known: batch, dapo, naive\)"):
         build_reward_manager("prime")
     with pytest.raises(UserError, match=r"reward manager 'naive' has no option 'max_resp_len'"):
         build_reward_manager("naive", max_resp_len=10)
@@ -240,6 +242,43 @@ def test_build_reward_manager_errors() -> None:
         build_reward_manager("dapo", max_resp_len=4, overlong_buffer_len=8)
     with pytest.raises(UserError, match="timeout_s must be > 0"):
         build_reward_manager("naive", timeout_s=0)
+
+
+class LengthBonus(NaiveRewardManager):
+    """A plugin-style manager: the rule score plus length / max_len, max_len read from the config."""
+
+    config_options = {"max_len": "data.max_response_length"}
+
+    def __init__(self, compute_score=None, num_workers=0, timeout_s=10.0, max_len=1):  # type: ignore[no-untyped-def]
+        super().__init__(compute_score, num_workers, timeout_s)
+        self.max_len = max_len
+
+    def _adjust(self, batch, scored):  # type: ignore[no-untyped-def]
+        for i, length in enumerate(batch.lengths()):
+            scored.scores[i] += length / self.max_len
+        return scored
+
+
+def test_a_registered_manager_is_validated_and_built_from_the_config_keys_it_declares() -> None:
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.trainers.reward import manager_options
+
+    flags = {"actor_rollout_ref.model.path": "m", "data.train_files": ["t.parquet"], "data.max_response_length": 8,
+             "actor_rollout_ref.rollout.n": 2}
+    register_reward_manager("length_bonus")(LengthBonus)
+    try:
+        cfg = load_config(RLConfig, None, [], flags={**flags, "reward_model.reward_manager": "length_bonus"})
+        assert manager_options(cfg, "length_bonus") == {"max_len": 8}
+        manager = build_reward_manager("length_bonus", **manager_options(cfg, "length_bonus"))
+        assert manager(_inputs(["#### 1", "#### 2"], ["1", "1"], [4, 2], width=8)).scores == [1.5, 0.25]
+        assert manager_options(cfg, "dapo") == {"max_resp_len": 8, "overlong_buffer_len": 0,
+                                                "overlong_penalty_factor": 1.0}
+        with pytest.raises(UserError, match=r"key 'reward_model.reward_manager' expected one of batch, dapo, "
+                                            r"length_bonus, naive, got 'prime'; .*'algorithm.plugins'"):
+            load_config(RLConfig, None, [], flags={**flags, "reward_model.reward_manager": "prime"})
+    finally:
+        REWARD_MANAGERS.unregister("length_bonus")
 
 
 def test_inconsistent_inputs_are_rejected() -> None:

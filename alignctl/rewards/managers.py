@@ -16,6 +16,12 @@ Managers, by name (verl's):
   model). With ``num_workers > 0`` that call runs in a worker process under ``timeout_s``.
 - ``dapo``: ``naive`` plus DAPO's soft overlong penalty (see ``overlong_penalty``).
 
+They live in ``REWARD_MANAGERS`` (``reward_model.reward_manager`` names one; a plugin adds its own
+with ``@register_reward_manager("name")``). Each class declares what it needs from the RL config
+in ``config_options``: its constructor option -> the dotted config key the trainer reads it from
+(dapo: ``max_resp_len`` <- ``data.max_response_length`` ...), so the trainer builds any manager
+without knowing it by name.
+
 A scorer result is a number or a dict with ``score`` and extra metrics; extras come back per
 sample in ``RewardOutput.extra`` (None where a sample did not report that key).
 
@@ -30,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from alignctl.algos.registry import Registry
 from alignctl.errors import UserError
 from alignctl.rewards.custom import Score, check_score, describe_function
 from alignctl.rewards.pool import CallResult, ScoringPool, collect_failures
@@ -186,7 +193,8 @@ class RewardManager:
     """
 
     name: ClassVar[str] = ""
-    options: ClassVar[tuple[str, ...]] = ()
+    # constructor option -> the dotted RL config key it is read from (its needs; see the module docstring)
+    config_options: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self,
@@ -313,7 +321,9 @@ class DAPORewardManager(NaiveRewardManager):
     """
 
     name = "dapo"
-    options = ("max_resp_len", "overlong_buffer_len", "overlong_penalty_factor")
+    config_options = {"max_resp_len": "data.max_response_length",
+                      "overlong_buffer_len": "reward_model.overlong_buffer_len",
+                      "overlong_penalty_factor": "reward_model.overlong_penalty_factor"}
 
     def __init__(
         self,
@@ -356,9 +366,21 @@ class DAPORewardManager(NaiveRewardManager):
         return scored
 
 
-REWARD_MANAGERS: dict[str, type[RewardManager]] = {
-    cls.name: cls for cls in (NaiveRewardManager, BatchRewardManager, DAPORewardManager)
-}
+REWARD_MANAGERS: Registry[type[RewardManager]] = Registry("reward manager")
+
+
+def register_reward_manager(name: str) -> Callable[[type[RewardManager]], type[RewardManager]]:
+    """Class decorator adding a ``RewardManager`` subclass as ``reward_model.reward_manager=name``."""
+
+    def decorator(cls: type[RewardManager]) -> type[RewardManager]:
+        cls.name = name
+        return REWARD_MANAGERS.register(name)(cls)
+
+    return decorator
+
+
+for _builtin in (NaiveRewardManager, BatchRewardManager, DAPORewardManager):
+    register_reward_manager(_builtin.name)(_builtin)
 
 
 def build_reward_manager(
@@ -371,10 +393,10 @@ def build_reward_manager(
     """The manager registered as ``name``; UserError for an unknown name or option."""
     if name not in REWARD_MANAGERS:
         raise UserError(f"unknown reward manager {name!r} (known: {', '.join(REWARD_MANAGERS)})")
-    cls = REWARD_MANAGERS[name]
-    unknown = sorted(set(options) - set(cls.options))
+    cls = REWARD_MANAGERS.get(name)
+    unknown = sorted(set(options) - set(cls.config_options))
     if unknown:
         raise UserError(
-            f"reward manager {name!r} has no option {unknown[0]!r} (options: {', '.join(cls.options) or 'none'})"
+            f"reward manager {name!r} has no option {unknown[0]!r} (options: {', '.join(cls.config_options) or 'none'})"
         )
     return cls(compute_score=compute_score, num_workers=num_workers, timeout_s=timeout_s, **options)

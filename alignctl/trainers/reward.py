@@ -16,8 +16,20 @@ from alignctl.batch import Batch
 from alignctl.config.rl import RLConfig
 from alignctl.models.loading import last_token_index
 from alignctl.rewards.custom import load_reward_function
-from alignctl.rewards.managers import RewardInputs, build_reward_manager
+from alignctl.rewards.managers import REWARD_MANAGERS, RewardInputs, build_reward_manager
 from alignctl.rewards.registry import answer_format_share
+
+
+def manager_options(cfg: RLConfig, name: str) -> dict[str, Any]:
+    """The options the reward manager ``name`` declares (``config_options``), read from the config."""
+
+    def read(dotted: str) -> Any:
+        value: Any = cfg
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        return value
+
+    return {option: read(key) for option, key in REWARD_MANAGERS.get(name).config_options.items()}
 
 
 class RewardComputer:
@@ -26,12 +38,9 @@ class RewardComputer:
         rm = cfg.reward_model
         custom = cfg.custom_reward_function
         fn = load_reward_function(custom.path, custom.name) if custom.path else None
-        options: dict[str, Any] = {}
-        if rm.reward_manager == "dapo":
-            options = {"max_resp_len": cfg.data.max_response_length, "overlong_buffer_len": rm.overlong_buffer_len,
-                       "overlong_penalty_factor": rm.overlong_penalty_factor}
         self.manager = build_reward_manager(rm.reward_manager, compute_score=fn, num_workers=rm.num_workers,
-                                            timeout_s=rm.timeout_s, **options)
+                                            timeout_s=rm.timeout_s,
+                                            **manager_options(cfg, rm.reward_manager))
         self.model_scorer: Any = None  # set by the trainer when reward_model.enable: scores via the RM workers
         self.multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
         self.rule_weight = rm.rule_weight if rm.enable else 1.0
