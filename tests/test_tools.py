@@ -42,14 +42,16 @@ def test_calculator_refuses_everything_but_arithmetic(expression, why):
 
 
 def test_parsing_valid_malformed_and_string_arguments():
+    """What the rollout reads (tests/test_tool_parsing.py covers every rule): the calls in order, or
+    for a turn with any malformed call one error and no call."""
     text = ('First <tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call> then '
-            '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}</tool_call> '
-            '<tool_call>{"name": "calculator", "arguments": {</tool_call><tool_call>[1, 2]</tool_call>')
+            '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}</tool_call>')
     calls = parse_tool_calls(text)
-    assert [(c.name, c.arguments, c.error) for c in calls[:2]] == [
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
         ("calculator", {"expression": "1+1"}, ""), ("calculator", {"expression": "2*3"}, "")]
-    assert calls[2].error.startswith("malformed JSON in <tool_call>: Expecting property name")
-    assert calls[3].error == 'a <tool_call> must hold {"name": ..., "arguments": {...}}'
+    bad = parse_tool_calls(text + '<tool_call>{"name": "calculator", "arguments": {</tool_call><tool_call>[1, 2]</tool_call>')
+    assert [(c.name, c.arguments) for c in bad] == [("", None)]
+    assert bad[0].error == "a <tool_call> is not closed with </tool_call>; no call of this turn ran"
     assert parse_tool_calls("no call here, #### 5") == []
 
 
@@ -60,6 +62,9 @@ def test_arguments_are_checked_against_the_schema():
     assert calc.check_arguments({}) == "missing argument(s) expression"
     assert calc.check_arguments({"expression": "1", "x": 1}) == "unknown argument 'x'; expected expression"
     assert calc.check_arguments(["1+1"]) == "arguments must be a JSON object, got list"
+    # a config setting of a tool is never an argument the model may pass
+    python = TOOLS.get("python").configured({"isolation": "none"})
+    assert python.check_arguments({"code": "1", "isolation": "none"}) == "unknown argument 'isolation'; expected code"
     counter = register_tool("count_test", "count", {"type": "object", "properties": {"n": {"type": "integer"}},
                                                     "required": ["n"]})(lambda n: str(n))
     try:
@@ -336,3 +341,80 @@ def test_a_seeded_rollout_with_lanes_does_not_depend_on_tool_timing(tool_model):
     assert runs[0].responses() == runs[1].responses()
     assert torch.equal(runs[0].log_probs, runs[1].log_probs) and torch.equal(runs[0].loss_mask, runs[1].loss_mask)
     assert runs[0].extras == runs[1].extras
+
+
+# ------------------------------------------------------------------------------ flagged turns in a rollout
+
+
+class _ScriptedPolicy:
+    """A policy that writes given texts, turn after turn (token ids of a char tokenizer): the rollout's
+    handling of what a model writes, without fitting a model to write it."""
+
+    def __init__(self, tokenizer, turns: list[str]) -> None:
+        self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def generate(self, prompt_ids, params):
+        from alignctl.rollout.base import RolloutOutput
+
+        text = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id]
+        rows = [ids for _ in prompt_ids for _ in range(params.n)]
+        return RolloutOutput.from_ragged(rows, None, ["stop"] * len(rows), params.n, self.pad_token_id)
+
+    def wake(self): ...
+    def sleep(self): ...
+    def sync_weights(self, weights=None): ...
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer(tmp_path_factory):
+    import json
+
+    from alignctl.models.loading import load_tokenizer
+    from alignctl.models.tiny import init_model
+
+    root = tmp_path_factory.mktemp("char")
+    vocab = root / "vocab.jsonl"
+    vocab.write_text(json.dumps({"text": "".join(chr(c) for c in range(32, 127)) + "\n"}) + "\n")
+    init_model(out=root / "m", tokenizer_from=[vocab], hidden=16, layers=1, tokenizer_kind="char")
+    return load_tokenizer(root / "m", padding_side="left")
+
+
+@pytest.mark.parametrize(("first_turn", "why"), [
+    # one good call and one without arguments: neither runs
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+     '<tool_call>{"name": "calculator"}</tool_call>', 'has no "arguments"'),
+    ('<tool_call>{"name": "calculator", "arguments": {"x": ' + "[" * 3000, "nests deeper than"),  # no RecursionError
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}', "is not closed"),
+])
+def test_a_flagged_turn_runs_no_call_and_the_model_is_told(char_tokenizer, first_turn, why):
+    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.multi_turn import MultiTurnRollout
+
+    policy = _ScriptedPolicy(char_tokenizer, [first_turn, "#### 42"])
+    rollout = MultiTurnRollout(policy, char_tokenizer, ["calculator"], max_turns=3, max_response_length=20000,
+                               stop_ids=[char_tokenizer.eos_token_id])
+    prompt = list(char_tokenizer("q", add_special_tokens=False)["input_ids"])
+    out = rollout.generate([prompt], SamplingParams(n=1, greedy=True, max_new_tokens=20000))
+    assert out.extras["turns"] == [2]  # the model got an answer to its turn and wrote its final one
+    assert out.extras["tool_calls"] == [{"<malformed>": 1}] and out.extras["tool_error_kinds"] == [{"malformed": 1}]
+    assert out.extras["tool_valid_calls"] == [0]
+    response = out.responses()[0]
+    inserted = [t for t, m in zip(response, out.loss_mask[0].tolist()) if m == 0]
+    told = char_tokenizer.decode(inserted)
+    assert why in told and "no call of this turn ran" in told and "42" not in told  # 6*7 never ran
+
+
+def test_a_fenced_example_is_no_call(char_tokenizer):
+    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.multi_turn import MultiTurnRollout
+
+    example = 'Write:\n```\n<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>\n```\n'
+    policy = _ScriptedPolicy(char_tokenizer, [example])
+    rollout = MultiTurnRollout(policy, char_tokenizer, ["calculator"], max_turns=3, max_response_length=2000,
+                               stop_ids=[char_tokenizer.eos_token_id])
+    prompt = list(char_tokenizer("q", add_special_tokens=False)["input_ids"])
+    out = rollout.generate([prompt], SamplingParams(n=1, greedy=True, max_new_tokens=2000))
+    assert out.extras["turns"] == [1] and out.extras["tool_calls"] == [{}]  # the final answer, nothing ran

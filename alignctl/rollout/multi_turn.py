@@ -6,6 +6,10 @@ tool messages (loss mask 0): ``[prompt | sampled | inserted | sampled | ... ]``.
 decoded and re-encoded: the decoded text of a turn is used only to find its tool calls, and the
 training pass sees exactly the ids that were sampled.
 
+A turn whose calls cannot all be read (alignctl/tools/parsing.py: unclosed, not JSON, no name, no
+object arguments) is flagged: none of its calls runs, the model gets one tool message saying why,
+and the rollout counts it as one ``malformed`` call.
+
 Per turn every unfinished trajectory continues from its own ids (``n = 1``; the first turn samples
 the ``n`` responses per prompt); tool calls run in a thread pool, each under its tool's timeout. A
 trajectory ends when a turn calls no tool (its final answer), after ``max_turns`` sampled turns, or
