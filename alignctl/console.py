@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -38,18 +39,44 @@ def running_lines(enabled: bool | None = None) -> Progress:
                     disable=not (progress_enabled() if enabled is None else enabled))
 
 
+# Under the command line (cli.main turns it on), a loop without a progress bar (output piped to a
+# file, CI) prints a plain line now and then instead of nothing; a library caller's stays silent.
+PLAIN_EVERY_S = 30.0
+_plain_lines = False
+
+
+def plain_progress_lines(on: bool) -> None:
+    global _plain_lines
+    _plain_lines = on
+
+
 def track(items: Iterable[T], description: str, total: int | None = None,
           enabled: bool | None = None) -> Iterator[T]:
-    """Iterate with a :func:`progress_bar` (a no-op wrapper when disabled; ``None``: only for a
-    person at a terminal)."""
+    """Iterate with a :func:`progress_bar` (``None``: only for a person at a terminal). Without a bar:
+    under the command line, ``description: done/total (elapsed)`` on stderr every
+    :data:`PLAIN_EVERY_S` seconds (a loop shorter than that prints nothing); else silently."""
     if not (progress_enabled() if enabled is None else enabled):
-        yield from items
+        yield from (_plain_periodic(items, description, total) if _plain_lines else items)
         return
     with progress_bar() as bar:
         task = bar.add_task(description, total=total if total is not None else _len(items))
         for item in items:
             yield item
             bar.advance(task)
+
+
+def _plain_periodic(items: Iterable[T], description: str, total: int | None,
+                    clock: Any = time.monotonic) -> Iterator[T]:
+    total = total if total is not None else _len(items)
+    start = clock()
+    due = start + PLAIN_EVERY_S
+    for done, item in enumerate(items, 1):
+        yield item
+        now = clock()
+        if now >= due:
+            due = now + PLAIN_EVERY_S
+            count = f"{done}/{total}" if total else str(done)
+            print(f"{description}: {count} ({int(now - start)}s)", file=sys.stderr, flush=True)
 
 
 def _len(items: Any) -> int | None:

@@ -34,9 +34,12 @@ from alignctl.console import console, running_lines
 from alignctl.cores import available_core_ids
 from alignctl.errors import RunFailed, UserError
 from alignctl.pipeline.ownership import is_empty_dir, is_owned, mark_owned
+from alignctl.tracking import STEP_LINE_START, duration_text
 
 LOG_FOLDER = "logs"
 _STOP_WAIT_S = 20.0
+_PLAIN_EVERY_S = 60.0  # a plain progress line this often when the spinner lines are off
+_TAIL_BYTES = 8192  # of a stage's log, read for its latest step line
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
     every_core = len(free)
     pending, running = list(jobs), []
     bars = running_lines()
+    ticker = _Ticker()
     termination = _Termination()
     termination.catch()
     try:
@@ -118,12 +122,13 @@ def run_jobs(jobs: list[Job], built: set[str], launch: Callable[[Job, list[int]]
                 running.append(launch(job, cores))
                 pending.remove(job)
                 bars.start()
-                bars.add_task(job.name, total=None)
+                bars.add_task(job.name, total=None, stage=job.name)
                 job = next_job(pending, built, len(free))
             if not running:
                 raise RunFailed(f"stages {[j.name for j in pending]} can never start: their inputs are not built")
             time.sleep(poll_s)
             termination.check()
+            ticker.show(running, bars)
             for item in [r for r in running if r.process.poll() is not None]:
                 running.remove(item)
                 free = sorted(free + item.cores)
@@ -171,9 +176,45 @@ class _Termination:
             raise SystemExit(128 + self.signum)
 
 
+def latest_step(log: Path) -> str | None:
+    """``step 7/20 · ETA 6m40s`` from the last step line a stage process wrote to its log (its RL
+    console sink, :func:`alignctl.tracking.step_line`), or None before its first step."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - _TAIL_BYTES))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        parts = [part.strip() for part in line.split(" · ")]
+        if parts[0].startswith(STEP_LINE_START) and "/" in parts[0]:
+            return " · ".join([parts[0], *(p for p in parts[1:] if p.startswith("ETA "))])
+    return None
+
+
+class _Ticker:
+    """What the running stages are at: each spinner line shows its stage's latest step and ETA; when
+    the spinners are off (output piped to a file, CI), a plain line every :data:`_PLAIN_EVERY_S`."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.next_plain = self.started + _PLAIN_EVERY_S
+
+    def show(self, running: list[_Running], bars: Progress) -> None:
+        steps = {item.job.name: latest_step(item.log) for item in running}
+        for task in bars.tasks:
+            where = steps.get(task.fields.get("stage", ""))
+            bars.update(task.id, description=f"{task.fields.get('stage', '')}" + (f" · {where}" if where else ""))
+        now = time.monotonic()
+        if bars.disable and now >= self.next_plain:
+            self.next_plain = now + _PLAIN_EVERY_S
+            states = "; ".join(f"{name} {where or 'starting'}" for name, where in steps.items())
+            console.print(f"running ({duration_text(now - self.started)}): {states}", markup=False)
+
+
 def _drop_bar(bars: Progress, name: str) -> None:
     for task in bars.tasks:
-        if task.description == name:
+        if task.fields.get("stage") == name:
             bars.remove_task(task.id)
 
 
@@ -187,7 +228,9 @@ def launcher(pipeline: Path, overrides: list[str], logs: Path, keys: dict[str, s
                                    start_new_session=True)  # its own process group: stopped as one, Ray included
         handle.close()
         word = "core" if len(cores) == 1 else "cores"
-        console.print(f"[cyan]started[/] {job.name} on {len(cores)} {word} (log: {log})")
+        order = list(keys)  # every stage, in run order
+        console.print(f"[cyan]started[/] {job.name} (stage {order.index(job.name) + 1} of {len(order)}) on "
+                      f"{len(cores)} {word} (log: {log})")
         return _Running(job, cores, process, log)
 
     return launch

@@ -64,7 +64,8 @@ def _run_stage(spec: PipelineSpec, name: str, key: str, paths: dict[str, str]) -
     cfg = typed_config(stage, paths, str(folder), spec.path)
     _stage_preflight(spec, name, cfg)  # every input exists now: the full check, before the folder is touched
     clear(folder)  # an incomplete previous attempt (no manifest) is never reused
-    console.rule(f"[bold]{name}[/] ({stage.kind})")
+    order = list(spec.stages)
+    console.rule(f"[bold]{name}[/] ({stage.kind}) · stage {order.index(name) + 1} of {len(order)}")
     if seeds := seed_settings(cfg):
         console.print(f"{name} seeds: {', '.join(seeds)}")
     start = time.perf_counter()
