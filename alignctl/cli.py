@@ -47,9 +47,15 @@ def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="RL runs print a table of the key metrics "
+                                                                  "per step instead of one line.")] = False,
 ) -> None:
     if debug:
         os.environ[_DEBUG_ENV] = "1"
+    if verbose:
+        from alignctl.tracking import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"  # read by the console sink; a pipeline's stage processes inherit it
 
 
 # ------------------------------------------------------------------------------ config
@@ -64,7 +70,8 @@ def config_show(
 ) -> None:
     """Print the resolved config (defaults <- file <- overrides) as YAML."""
     from alignctl.config import iter_keys, load_config, stage_schema, to_yaml
-    from alignctl.config.core import read_yaml_mapping
+    from alignctl.config.core import REQUIRED_MESSAGE, REQUIRED_PLACEHOLDER, read_yaml_mapping, validation_refusals
+    from alignctl.pipeline.stages import KIND_DEFAULTS  # what `alignctl ppo` / `grpo` set
 
     if stage is None and config is not None:
         stage = read_yaml_mapping(config).get("stage")
@@ -75,7 +82,14 @@ def config_show(
         for dotted, type_name, default, help_text in iter_keys(schema):
             typer.echo(f"{dotted}  ({type_name}, default {default!r})  {help_text}")
         return
-    typer.echo(to_yaml(load_config(schema, config, overrides or [])), nl=False)
+    cfg = load_config(schema, config, overrides or [], base=KIND_DEFAULTS.get(str(stage)), check=False)
+    required, refusal = validation_refusals(cfg)  # missing required keys are shown as <required>
+    if required:
+        names = [m.group(1) for m in map(REQUIRED_MESSAGE.search, required) if m]
+        typer.echo(f"# required (shown as {REQUIRED_PLACEHOLDER}): {', '.join(names)}")
+    if refusal:
+        typer.echo(f"# refused as it stands: {refusal}")
+    typer.echo(to_yaml(cfg), nl=False)
 
 
 @config_app.command("reference")
@@ -284,16 +298,18 @@ def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], ove
 def ppo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False,
         trust_checkpoint: TrustOpt = False, no_preflight: NoPreflightOpt = False) -> None:
     """RL training (PPO with a critic by default; any estimator via algorithm.adv_estimator)."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "gae"}}, overwrite, trust_checkpoint,
-            not no_preflight)
+    from alignctl.pipeline.stages import KIND_DEFAULTS
+
+    _run_rl(config, overrides or [], KIND_DEFAULTS["ppo"], overwrite, trust_checkpoint, not no_preflight)
 
 
 @app.command()
 def grpo(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False,
          trust_checkpoint: TrustOpt = False, no_preflight: NoPreflightOpt = False) -> None:
     """RL training with GRPO advantages (no critic); same keys as ppo."""
-    _run_rl(config, overrides or [], {"algorithm": {"adv_estimator": "grpo"}}, overwrite, trust_checkpoint,
-            not no_preflight)
+    from alignctl.pipeline.stages import KIND_DEFAULTS  # rollout.n 4: a group to compare within
+
+    _run_rl(config, overrides or [], KIND_DEFAULTS["grpo"], overwrite, trust_checkpoint, not no_preflight)
 
 
 @app.command()
@@ -452,6 +468,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning user errors into one line and exit status 2."""
     args = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in args or bool(os.environ.get(_DEBUG_ENV))
+    from alignctl.console import plain_progress_lines
+
+    plain_progress_lines(True)  # piped output gets a line now and then where a terminal gets a bar
     try:
         cpu_heap.setting()  # a mistyped ALIGNCTL_CPU_HEAP fails here, before any stage starts
         code = app(args=args, standalone_mode=False, prog_name="alignctl")
@@ -467,7 +486,10 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as exc:
         if debug:
             raise
-        _fail(str(exc))
+        messages = getattr(exc, "messages", None) or [str(exc)]  # ConfigErrors: every config mistake at once
+        for line in messages[:-1]:
+            print(f"error: {line}", file=sys.stderr)
+        _fail(messages[-1])
     except RunFailed as exc:
         if debug:
             raise

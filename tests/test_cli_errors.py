@@ -262,7 +262,8 @@ _RL_MODEL = "actor_rollout_ref:\n  model:\n    path: some/model\n"
 
 RL_CASES = [
     Case("model_path_missing", ("grpo", "--config", "$IN/rl.yaml"),
-         ("key 'actor_rollout_ref.model.path' is required", "an HF model folder"), files={"rl.yaml": _RL_BASE}),
+         ("key 'actor_rollout_ref.model.path' is required", "an HF model folder"),
+         files={"rl.yaml": _RL_BASE + "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 4\n"}),
     Case("mini_batch_does_not_divide_batch", ("grpo", "--config", "$IN/rl.yaml"),
          ("key 'actor_rollout_ref.actor.ppo_mini_batch_size' (3)", "must divide data.train_batch_size (8)"),
          files={"rl.yaml": _RL_BASE + _RL_MODEL + "  actor:\n    ppo_mini_batch_size: 3\n"}),
@@ -280,6 +281,44 @@ RL_CASES = [
 def test_bad_rl_config(tmp_path: Path, case: Case) -> None:
     # No run folder either: the default trainer.default_local_dir is runs/ under the cwd (work/).
     _check_case(tmp_path, case)
+
+
+def test_three_config_mistakes_get_three_lines_most_important_first(tmp_path: Path) -> None:
+    """Every mistake in one pass: the missing required key, then the typo, then the list written as a
+    word (with how to write a list), one ``error:`` line each, exit 2, no traceback, nothing written."""
+    config = tmp_path / "rl.yaml"
+    config.write_text("data:\n  train_files: prompts.parquet\nactor_rollout_ref:\n  rollout:\n    tempreature: 0.7\n")
+    result = run_cli("grpo", "--config", str(config), "trainer.logger=console")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 4, result.stderr
+    assert all(line.startswith("error: ") for line in lines)
+    assert "key 'actor_rollout_ref.model.path' is required" in lines[0]
+    assert "unknown config key 'actor_rollout_ref.rollout.tempreature'; did you mean 'actor_rollout_ref.rollout.temperature'?" in lines[1]
+    assert "key 'data.train_files' expected list[str], got 'prompts.parquet'" in lines[2]
+    assert "key 'trainer.logger' expected list[str], got 'console'" in lines[3]
+    assert "write a list as key=[a, b] on the command line or key: [a, b] in YAML" in lines[3]
+    assert not (tmp_path / "runs").exists() and not Path("runs/run").exists()
+
+
+def test_a_section_written_as_a_value_names_the_section_syntax(tmp_path: Path) -> None:
+    result = run_cli("grpo", "actor_rollout_ref.model.path=m", "data.train_files=[p.parquet]", "trainer=5")
+    assert_user_error(result, "key 'trainer' expected a section", "key.sub=value", "key: {sub: value}")
+
+
+def test_config_show_prints_defaults_without_the_required_paths() -> None:
+    """`config show --stage grpo` works with no file: required keys shown as <required> and named;
+    the grpo defaults are GRPO's own (a group of responses per prompt)."""
+    import yaml
+
+    result = run_cli("config", "show", "--stage", "grpo")
+    assert result.code == 0, result.stderr
+    first, *rest = result.stdout.splitlines()
+    assert first == "# required (shown as <required>): actor_rollout_ref.model.path, data.train_files"
+    shown = yaml.safe_load("\n".join(rest))
+    assert shown["actor_rollout_ref"]["model"]["path"] == "<required>"
+    assert shown["data"]["train_files"] == ["<required>"]
+    assert shown["algorithm"]["adv_estimator"] == "grpo" and shown["actor_rollout_ref"]["rollout"]["n"] >= 2
 
 
 # ------------------------------------------------------------------------- argument parsing

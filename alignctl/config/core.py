@@ -23,6 +23,24 @@ from alignctl.errors import UserError
 
 T = TypeVar("T")
 
+
+class ConfigErrors(UserError):
+    """Every mistake found in one pass over a config, most important first (a missing required key,
+    an unknown key, a wrong type or value, then a refusal of the schema's cross-key checks). The
+    CLI prints one ``error:`` line each; ``str()`` joins them for a library caller."""
+
+    def __init__(self, messages: list[str]) -> None:
+        self.messages = [" ".join(m.split("\n")) for m in messages]
+        super().__init__(" | ".join(self.messages))
+
+    def prefixed(self, prefix: str) -> ConfigErrors:
+        return ConfigErrors([m if m.startswith(prefix) else f"{prefix}: {m}" for m in self.messages])
+
+
+# How to write a list or a section, named in the message of a value that is not one.
+LIST_EXAMPLE = "write a list as key=[a, b] on the command line or key: [a, b] in YAML"
+SECTION_EXAMPLE = "write a section as key.sub=value on the command line or key: {sub: value} in YAML"
+
 # Top-level keys any stage file may carry without being part of the stage's schema.
 META_KEYS = ("stage",)
 
@@ -161,10 +179,11 @@ def set_dotted(data: dict[str, Any], path: list[str], value: Any, text: str | No
 
 @dataclasses.dataclass
 class _Origin:
-    """Where values came from, to name it in errors."""
+    """Where values came from, to name it in errors; the errors found so far."""
 
     file: str | None
     override_keys: set[str]
+    errors: list[str] = dataclasses.field(default_factory=list)
 
     def of(self, dotted: str) -> str:
         dotted = dotted.split("[", 1)[0]  # list items belong to their key
@@ -186,8 +205,10 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str, origin: _Origin) -> Any:
     """Check ``value`` against the annotation ``tp``; allow only lossless conversions."""
-    bad = UserError(f"{origin.of(key)}: key {key!r} expected {_type_name(tp)}, got {value!r}")
     kind = typing.get_origin(tp)
+    example = LIST_EXAMPLE if kind in (list, tuple) else SECTION_EXAMPLE if (kind is dict or tp is dict) else ""
+    bad = UserError(f"{origin.of(key)}: key {key!r} expected {_type_name(tp)}, got {value!r}"
+                    + (f" ({example})" if example else ""))
     if tp is Any:
         return value
     if kind in (typing.Union, types.UnionType):
@@ -263,9 +284,12 @@ def _suggest(name: str, valid: list[str]) -> str:
 
 
 def _build(cls: type[T], data: Any, prefix: str, origin: _Origin) -> T:
+    """The schema instance; a bad key or value is noted in ``origin.errors`` and its default kept,
+    so that one pass finds every mistake (the caller raises them together)."""
     where = prefix or "top level"
     if not isinstance(data, dict):
-        raise UserError(f"{origin.of(prefix)}: key {where!r} expected a section (mapping), got {data!r}")
+        raise UserError(f"{origin.of(prefix)}: key {where!r} expected a section (mapping), got {data!r} "
+                        f"({SECTION_EXAMPLE})")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs = {}
@@ -276,9 +300,13 @@ def _build(cls: type[T], data: Any, prefix: str, origin: _Origin) -> T:
                 continue
             valid = sorted(fields)
             full_valid = [f"{prefix}.{v}" if prefix else v for v in valid]
-            raise UserError(f"{origin.of(dotted)}: unknown config key {dotted!r}"
-                            f"{_suggest(dotted, full_valid) or _suggest(str(name), valid)}")
-        kwargs[name] = _coerce(value, hints[name], dotted, origin)
+            origin.errors.append(f"{origin.of(dotted)}: unknown config key {dotted!r}"
+                                 f"{_suggest(dotted, full_valid) or _suggest(str(name), valid)}")
+            continue
+        try:
+            kwargs[name] = _coerce(value, hints[name], dotted, origin)
+        except UserError as exc:
+            origin.errors.append(str(exc))
     try:
         obj = cls(**kwargs)
     except TypeError as exc:  # a required field without default
@@ -293,16 +321,29 @@ def _check_choices(obj: Any, prefix: str, origin: _Origin) -> None:
         value = getattr(obj, f.name)
         dotted = f"{prefix}.{f.name}" if prefix else f.name
         if choices and value not in choices:
-            raise UserError(f"{origin.of(dotted)}: key {dotted!r} expected one of "
-                            f"{', '.join(map(str, choices))}, got {value!r}")
+            origin.errors.append(f"{origin.of(dotted)}: key {dotted!r} expected one of "
+                                 f"{', '.join(map(str, choices))}, got {value!r}")
+            _reset(obj, f)
+            continue
         bounds = f.metadata.get("bounds")
         if bounds and any(b is not None for b in bounds):
             for item in value if isinstance(value, list) else [value]:
                 # Bounds bound numbers; a word a field also allows (cpus_per_worker: auto) is not one.
                 if isinstance(item, (int, float)) and not _within(item, *bounds):
                     noun = "an integer" if isinstance(item, int) else "a number"
-                    raise UserError(f"{origin.of(dotted)}: key {dotted!r} expected "
-                                    f"{describe_bounds(*bounds).replace('a number', noun)}, got {value!r}")
+                    origin.errors.append(f"{origin.of(dotted)}: key {dotted!r} expected "
+                                         f"{describe_bounds(*bounds).replace('a number', noun)}, got {value!r}")
+                    _reset(obj, f)
+                    break
+
+
+def _reset(obj: Any, f: dataclasses.Field[Any]) -> None:
+    """A refused value back to its default, so that the cross-key checks that run next judge the rest
+    of the config, not the value already reported."""
+    if f.default is not dataclasses.MISSING:
+        setattr(obj, f.name, f.default)
+    elif f.default_factory is not dataclasses.MISSING:
+        setattr(obj, f.name, f.default_factory())
 
 
 def _within(value: float, ge: float | None, gt: float | None, le: float | None) -> bool:
@@ -317,20 +358,79 @@ def describe_bounds(ge: float | None, gt: float | None, le: float | None) -> str
     return "a number " + " and ".join(p for p in parts if p)
 
 
+REQUIRED_PLACEHOLDER = "<required>"
+REQUIRED_MESSAGE = re.compile(r"key '([A-Za-z0-9_.]+)' is required")
+_NAMED_KEY = re.compile(r"key '([A-Za-z0-9_.\[\]]+)'")
+
+
 def build_config(cls: type[T], data: dict[str, Any], *, file: str | None = None,
                  override_keys: set[str] | None = None) -> T:
-    """Build and validate a schema instance from a nested dict."""
-    obj = _build(cls, data, "", _Origin(file, override_keys or set()))
+    """Build and validate a schema instance from a nested dict; every mistake at once
+    (:class:`ConfigErrors`, one message when there is one)."""
+    origin = _Origin(file, override_keys or set())
+    obj = _build(cls, data, "", origin)
+    required, refusal = validation_refusals(obj)
+    bad_keys = {m.group(1).split("[")[0] for m in map(_NAMED_KEY.search, origin.errors) if m}
+    if refusal and origin.errors:
+        refusal = None  # judged with defaults standing in for the values already reported: likely noise
+    required = [m for m in required if (found := REQUIRED_MESSAGE.search(m)) and found.group(1) not in bad_keys]
+    messages = required + sorted(origin.errors, key=lambda m: "unknown config key" not in m) + \
+        ([refusal] if refusal else [])
+    if len(messages) == 1:
+        raise UserError(messages[0])
+    if messages:
+        raise ConfigErrors(messages)
+    return obj
+
+
+def validation_refusals(obj: Any) -> tuple[list[str], str | None]:
+    """Run the schema's ``validate()`` (which stops at its first refusal) until it passes or refuses
+    something other than a missing required key: each missing key it names is filled with
+    :data:`REQUIRED_PLACEHOLDER` and the check runs again. Returns (the missing-key messages, the
+    other refusal or None); ``obj`` keeps the placeholders (``config show`` prints them)."""
     validate = getattr(obj, "validate", None)
-    if callable(validate):
-        validate()
+    required: list[str] = []
+    while callable(validate):
+        try:
+            validate()
+            return required, None
+        except UserError as exc:
+            found = REQUIRED_MESSAGE.search(str(exc))
+            if found is None or not _fill_required(obj, found.group(1)) or len(required) > 32:
+                return required, str(exc)
+            required.append(str(exc))
+    return required, None
+
+
+def _fill_required(obj: Any, dotted: str) -> bool:
+    """Set ``dotted`` to the placeholder (a one-item list for a list key); False when it is no key."""
+    *parents, name = dotted.split(".")
+    for part in parents:
+        obj = getattr(obj, part, None)
+    if obj is None or not dataclasses.is_dataclass(obj) or not hasattr(obj, name):
+        return False
+    current = getattr(obj, name)
+    if current not in (None, "", []) and current != [REQUIRED_PLACEHOLDER]:
+        return False  # set, yet refused: filling it would hide the refusal
+    setattr(obj, name, [REQUIRED_PLACEHOLDER] if isinstance(current, list) else REQUIRED_PLACEHOLDER)
+    return True
+
+
+def build_unvalidated(cls: type[T], data: dict[str, Any], *, file: str | None = None) -> T:
+    """The schema instance without its cross-key checks (``config show`` of bare defaults)."""
+    origin = _Origin(file, set())
+    obj = _build(cls, data, "", origin)
+    if origin.errors:
+        raise UserError(origin.errors[0]) if len(origin.errors) == 1 else ConfigErrors(origin.errors)
     return obj
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
-                *, base: dict[str, Any] | None = None, flags: dict[str, Any] | None = None) -> T:
+                *, base: dict[str, Any] | None = None, flags: dict[str, Any] | None = None,
+                check: bool = True) -> T:
     """Defaults of ``cls`` <- ``base`` dict <- YAML file at ``path`` <- command-line ``flags``
-    (already typed, dotted keys) <- dotted ``overrides`` (``a.b=value`` strings)."""
+    (already typed, dotted keys) <- dotted ``overrides`` (``a.b=value`` strings). ``check=False``
+    skips the schema's cross-key checks (required keys included)."""
     data: dict[str, Any] = merge_dicts({}, base or {})
     if path is not None:
         data = merge_dicts(data, read_yaml_mapping(path))
@@ -340,6 +440,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
             set_dotted(data, dotted.split("."), value)
             keys.add(dotted)
     keys |= apply_overrides(data, list(overrides or []))
+    if not check:
+        return build_unvalidated(cls, data, file=str(path) if path else None)
     return build_config(cls, data, file=str(path) if path else None, override_keys=keys)
 
 

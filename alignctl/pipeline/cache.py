@@ -19,7 +19,7 @@ from typing import Any
 
 import filelock
 
-from alignctl.config.core import build_config, merge_dicts, to_dict
+from alignctl.config.core import ConfigErrors, build_config, merge_dicts, to_dict
 from alignctl.errors import UserError
 from alignctl.pipeline.manifest import read_manifest
 from alignctl.pipeline.ownership import check_replaceable, is_empty_dir, is_owned, mark_owned, protected_reason
@@ -39,6 +39,8 @@ def typed_config(stage: StageSpec, mapping: dict[str, str], output: str, source:
     data = kind.with_output(data, Path(output))
     try:
         return build_config(kind.schema_class(), data, file=f"{source} (stage {stage.name!r})")
+    except ConfigErrors as exc:
+        raise exc.prefixed(f"{source} (stage {stage.name!r})") from None
     except UserError as exc:
         message = str(exc)
         prefix = f"{source} (stage {stage.name!r})"

@@ -130,8 +130,10 @@ STAGE_KINDS: dict[str, StageKind] = {
     "eval": StageKind("alignctl.config.eval:EvalConfig", "out", _eval),
 }
 
-# The RL kinds differ only in their default estimator (as `alignctl ppo` / `alignctl grpo`).
+# The RL kinds differ only in their defaults (as `alignctl ppo` / `alignctl grpo`): the estimator, and
+# for GRPO a group of 4 responses per prompt (its advantage compares a response with its group's others;
+# the schema's rollout.n of 1 is PPO's).
 KIND_DEFAULTS: dict[str, dict[str, Any]] = {
     "ppo": {"algorithm": {"adv_estimator": "gae"}},
-    "grpo": {"algorithm": {"adv_estimator": "grpo"}},
+    "grpo": {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"rollout": {"n": 4}}},
 }
