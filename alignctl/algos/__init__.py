@@ -21,7 +21,7 @@ from alignctl.algos.kl_control import (
 )
 from alignctl.algos.masked import masked_count, masked_mean, masked_sum, masked_var, masked_whiten, safe_div
 from alignctl.algos.policy_loss import POLICY_LOSSES, PolicyLoss, get_policy_loss, register_policy_loss
-from alignctl.algos.registry import Registry
+from alignctl.registries import Registry
 from alignctl.algos.value import compute_value_loss
 
 __all__ = [

@@ -31,7 +31,7 @@ import torch
 
 from alignctl.algos.aggregation import Count, agg_loss
 from alignctl.algos.masked import masked_mean
-from alignctl.algos.registry import Registry
+from alignctl.registries import Registry
 
 __all__ = [
     "POLICY_LOSSES",

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from alignctl.algos.registry import Registry
+from alignctl.registries import Registry
 from alignctl.errors import UserError
 from alignctl.rewards.custom import Score, check_score, describe_function
 from alignctl.rewards.pool import CallResult, ScoringPool, collect_failures

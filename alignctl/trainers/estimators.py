@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from alignctl.algos import advantages as math
-from alignctl.algos.registry import Registry
+from alignctl.registries import Registry
 from alignctl.batch import Batch
 from alignctl.trainers.extra_rollouts import EXTRA_ROLLOUTS
 

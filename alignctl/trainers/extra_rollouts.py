@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from alignctl.algos.registry import Registry
+from alignctl.registries import Registry
 from alignctl.batch import Batch
 
 __all__ = ["EXTRA_ROLLOUTS", "ExtraRollout", "register_extra_rollout"]

@@ -3,6 +3,11 @@
 A ``Registry`` behaves like a read-only collection of names (``"vanilla" in POLICY_LOSSES``,
 ``sorted(POLICY_LOSSES)``), so the list a config validator shows is always the live one,
 including functions users register from their own code.
+
+The registries: advantage estimators (``trainers/estimators.py``), extra rollouts
+(``trainers/extra_rollouts.py``), policy losses (``algos/policy_loss.py``), reward managers
+(``rewards/managers.py``), tools (``tools/base.py``). This module is a leaf (it imports nothing
+from alignctl and not torch), so the light packages (rewards, tools) use it too.
 """
 
 from __future__ import annotations
