@@ -13,7 +13,9 @@ PPO and its prompt shuffle ``s + 1`` (their defaults are 1), eval's bootstrap ``
 Seed 0 works in ``work/<pipeline>``, seed ``s`` in ``work/<pipeline>_s<s>``; the import is cached per
 workdir. Prints one JSON line per seed (each stage's wall time and the headline numbers read back from
 the stages' manifests), then mean and worst of each number over the seeds. ``--summary-only`` reads
-finished workdirs without running anything.
+finished workdirs without running anything. ``--json benchmarks/results/<pipeline>_seeds.json`` also
+writes the rows as one record (command, machine, date), which ``scripts/render_results.py`` renders
+into docs/results.md.
 
 A shared machine's speed can move by tens of percent within an hour, so before each run
 the script times a fixed float32 matrix product of a SmolLM2 layer's shape (32 x 576 by 576 x 1536, the
@@ -152,11 +154,38 @@ def summarize(rows: list[dict]) -> dict:
     return summary
 
 
+def machine() -> str:
+    """The processor, the cores this process may use and whether it multiplies bf16 natively."""
+    from alignctl.cores import available_cores
+
+    model, flags = "an unknown CPU", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "an unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value
+    except OSError:  # not Linux: the model name stays unknown
+        pass
+    bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(flags.split()) else "without"
+    return f"{available_cores()} cores of {model}, {bf16} bf16 matrix instructions"
+
+
+def record(pipeline: str, rows: list[dict]) -> dict:
+    """What docs/results.md renders: the rows and how they were measured."""
+    extra = "" if pipeline == "quickstart" else f" --pipeline {pipeline}"
+    return {"name": f"{pipeline}_seeds", "pipeline": pipeline,
+            "command": f"bash scripts/setup.sh && .venv/bin/python scripts/quickstart_seeds.py{extra}",
+            "machine": machine(), "date": time.strftime("%Y-%m-%d", time.gmtime()), "rows": rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="quickstart")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--summary-only", action="store_true", help="Read finished workdirs; run nothing.")
+    parser.add_argument("--json", type=Path, help="Also write the rows as one record for scripts/render_results.py.")
     args = parser.parse_args()
     from alignctl.cores import available_cores
 
@@ -176,6 +205,9 @@ def main() -> int:
         rows.append({**seed_row(args.pipeline, seed, wall), **probe})
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"pipeline": args.pipeline, "seeds": args.seeds, "summary": summarize(rows)}))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record(args.pipeline, rows), indent=2) + "\n")
     return 0
 
 
