@@ -65,7 +65,7 @@ def native_bf16(device: str) -> bool:
     """Whether ``device`` multiplies bf16 natively: a CUDA GPU that supports bf16, or a CPU with
     avx512_bf16 or AMX tiles. Elsewhere torch emulates bf16 matmuls, and bf16 autocast is slower than
     float32: on a 2-core AMD EPYC with AVX2 only, train-rm's SmolLM2 steps took 11x as long and its
-    validation 5x (docs/quickstart.md "bf16 only where the CPU has it")."""
+    validation 5x (docs/results.md "bf16 on a CPU")."""
     import torch
 
     if device.startswith("cuda"):

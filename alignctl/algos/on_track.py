@@ -5,7 +5,7 @@ step, a wrong operation, a wrong final number) says more than "chosen > rejected
 rejected reply went wrong, at the first token where it departs from the chosen one. The Bradley-Terry
 loss reads one score per reply, at its last token, and leaves the model to find that place itself; on
 the quickstart's arith pairs a score head trained that way learned to compare the final number with the
-last step and stayed at chance on slips (docs/quickstart.md).
+last step and stayed at chance on slips (docs/results.md).
 
 The on-track loss reads the score head at every token of both replies after the point where they part
 (their common prefix, prompt included, is not scored) and trains each as a binary classifier with the

@@ -4,7 +4,7 @@ log-probability under the model (``train-rm`` key ``score_from: likelihood``).
 Why: a Bradley-Terry head on the last token of a small model learns what a reply looks like, not
 whether its arithmetic is right, while the model's own next-token distribution already holds the
 arithmetic (on the quickstart's pairs the SFT model's likelihood ranked 94% of the held-out pairs
-right, a score head trained on top of it 67-71%; docs/quickstart.md). Trained with the same
+right, a score head trained on top of it 67-71%; docs/results.md). Trained with the same
 Bradley-Terry loss on ``beta x`` summed log-probabilities (a preference loss with no reference model,
 as in CPO and SimPO), the model stays a causal LM: the saved folder is a ``*ForCausalLM`` whose
 config records ``alignctl_reward_kind: likelihood``, the reply marker and ``beta``. Every scorer (PPO's
