@@ -84,6 +84,37 @@ def test_the_counter_sees_comments_and_not_yaml() -> None:
     assert _words('  path: "a#b"') == (2, 0)
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _prose(path: Path) -> str:
+    return re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+@pytest.mark.parametrize("page", _shipped("docs", files=("README.md",)), ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
+def test_relative_links_reach_a_file_and_heading(page: Path) -> None:
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", _prose(page)):
+        path, _, anchor = link.partition("#")
+        if link.startswith(("http://", "https://", "mailto:")):
+            continue
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists():
+            broken.append(link)
+        elif anchor and target.suffix == ".md":
+            headings = re.findall(r"^#+\s+(.*)$", _prose(target), flags=re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(link)
+    assert not broken
+
+
+def test_the_slug_is_githubs() -> None:
+    assert _slug("The quickstart's costs on one GPU") == "the-quickstarts-costs-on-one-gpu"
+    assert _slug("Stages side by side: `cpu_share`") == "stages-side-by-side-cpu_share"
+
+
 def test_quickstart_is_a_walk_through() -> None:
     assert len((REPO_ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8").split()) <= 2500
 
