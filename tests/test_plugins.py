@@ -17,6 +17,7 @@ from alignctl.algos import POLICY_LOSSES
 from alignctl.errors import UserError
 from alignctl.plugins import import_roots, load_plugins, normalize_plugins, where_plugins_come_from
 from alignctl.trainers.estimators import ADV_ESTIMATORS
+from doc_blocks import python_file_block
 from rl_helpers import make_assets, read_metrics, rl_config
 
 # A loss whose value is known without running the model: 7.25 per valid token, aggregated with the
@@ -224,3 +225,54 @@ def test_an_offline_wandb_run_in_the_run_folder_holds_the_metrics(plugin_run):
             if key in jsonl[step]:
                 assert row[key] == pytest.approx(jsonl[step][key], rel=1e-6), (step, key)
     assert not (Path.cwd() / "wandb").exists()  # wandb writes into the run folder, not the current one
+
+
+# ------------------------------------------------------------------------------ a plugin estimator
+
+
+@pytest.fixture(scope="module")
+def estimator_run(tmp_path_factory):
+    """docs/customize.md's scaled_value_baseline, a module on the controller's path only, in a real
+    PPO-style run: it declares a critic (so the critic role starts in a Ray worker, which imports
+    the plugin to validate its config) and reads its own option from algorithm.estimator_kwargs."""
+    import ray
+
+    from alignctl.trainers.rl_trainer import RLTrainer
+
+    tmp = tmp_path_factory.mktemp("estimator_plugin")
+    assets = make_assets(tmp / "assets")
+    plugin_dir = tmp / "my_code"
+    plugin_dir.mkdir()
+    (plugin_dir / "my_estimators.py").write_text(python_file_block("customize.md", "my_estimators.py"))
+    patch = pytest.MonkeyPatch()
+    patch.syspath_prepend(str(plugin_dir))
+    run_dir = tmp / "run"
+    try:
+        cfg = rl_config(assets, run_dir, "algorithm.plugins=[my_estimators]",
+                        "algorithm.adv_estimator=scaled_value_baseline", "algorithm.estimator_kwargs.scale=2.5")
+        assert cfg.use_critic and cfg.roles == ("actor", "critic")
+        result = RLTrainer(cfg).fit()
+    finally:
+        ray.shutdown()
+        patch.undo()
+        sys.modules.pop("my_estimators", None)
+        if "scaled_value_baseline" in ADV_ESTIMATORS:
+            ADV_ESTIMATORS.unregister("scaled_value_baseline")
+    return {"run_dir": run_dir, "rows": read_metrics(run_dir), "result": result}
+
+
+@pytest.mark.slow
+def test_a_plugin_estimator_gets_a_critic_and_reads_its_own_option(estimator_run):
+    """Advantages are 2.5 x (returns - values) token by token, so their means over the response
+    tokens are too: only the plugin, fed the critic's values and scale=2.5, gives that."""
+    rows = [r for r in estimator_run["rows"] if "critic/advantages/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["critic/vf_loss"] > 0  # the critic trained on the plugin's returns
+        expected = 2.5 * (row["critic/returns/mean"] - row["critic/values/mean"])
+        assert row["critic/advantages/mean"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    # The value head starts at zero; after the first critic update the values the plugin read are not.
+    assert rows[0]["critic/values/mean"] == 0.0 and rows[1]["critic/values/mean"] != 0.0
+    written = (estimator_run["run_dir"] / "config.yaml").read_text()
+    assert "estimator_kwargs:\n    scale: 2.5" in written
+    assert estimator_run["result"].steps == 2

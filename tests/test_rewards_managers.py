@@ -23,7 +23,6 @@ from alignctl.rewards.managers import (
     RewardInputs,
     build_reward_manager,
     overlong_penalty,
-    register_reward_manager,
 )
 
 USER_FILE = """
@@ -244,29 +243,16 @@ def test_build_reward_manager_errors() -> None:
         build_reward_manager("naive", timeout_s=0)
 
 
-class LengthBonus(NaiveRewardManager):
-    """A plugin-style manager: the rule score plus length / max_len, max_len read from the config."""
-
-    config_options = {"max_len": "data.max_response_length"}
-
-    def __init__(self, compute_score=None, num_workers=0, timeout_s=10.0, max_len=1):  # type: ignore[no-untyped-def]
-        super().__init__(compute_score, num_workers, timeout_s)
-        self.max_len = max_len
-
-    def _adjust(self, batch, scored):  # type: ignore[no-untyped-def]
-        for i, length in enumerate(batch.lengths()):
-            scored.scores[i] += length / self.max_len
-        return scored
-
-
-def test_a_registered_manager_is_validated_and_built_from_the_config_keys_it_declares() -> None:
+def test_the_documented_manager_is_validated_and_built_from_the_config_keys_it_declares() -> None:
+    """docs/customize.md's LengthBonus: the rule score plus length / data.max_response_length."""
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
     from alignctl.trainers.reward import manager_options
+    from doc_blocks import python_file_block
 
     flags = {"actor_rollout_ref.model.path": "m", "data.train_files": ["t.parquet"], "data.max_response_length": 8,
              "actor_rollout_ref.rollout.n": 2}
-    register_reward_manager("length_bonus")(LengthBonus)
+    exec(compile(python_file_block("customize.md", "my_managers.py"), "docs/customize.md", "exec"), {})
     try:
         cfg = load_config(RLConfig, None, [], flags={**flags, "reward_model.reward_manager": "length_bonus"})
         assert manager_options(cfg, "length_bonus") == {"max_len": 8}

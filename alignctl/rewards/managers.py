@@ -161,16 +161,18 @@ def merge_extras(per_sample: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]
 
 
 @dataclass
-class _Scored:
+class ScoredBatch:
+    """A batch's scalar scores, per-sample extra metrics, and counts of unscored items."""
+
     scores: list[float]
     extras: list[dict[str, Any]]
     num_timeouts: int = 0
     num_crashes: int = 0
 
 
-def _from_results(results: Sequence[Score | None], num_timeouts: int, num_crashes: int) -> _Scored:
+def _from_results(results: Sequence[Score | None], num_timeouts: int, num_crashes: int) -> ScoredBatch:
     """None stands for an item that timed out or crashed: it scores 0 with no extras."""
-    return _Scored(
+    return ScoredBatch(
         scores=[r.score if r is not None else 0.0 for r in results],
         extras=[dict(r.extra) if r is not None else {} for r in results],
         num_timeouts=num_timeouts,
@@ -225,7 +227,7 @@ class RewardManager:
 
     def __call__(self, inputs: RewardInputs | Mapping[str, Any]) -> RewardOutput:
         batch = as_reward_inputs(inputs)
-        scored = self._adjust(batch, self._score(batch))
+        scored = self.shape_scores(batch, self.score_batch(batch))
         return RewardOutput(
             token_level_scores=place_scores(scored.scores, batch.score_positions(), batch.response_width),
             scores=scored.scores,
@@ -234,11 +236,12 @@ class RewardManager:
             num_crashes=scored.num_crashes,
         )
 
-    def _score(self, batch: RewardInputs) -> _Scored:
+    def score_batch(self, batch: RewardInputs) -> ScoredBatch:
+        """Score every sample (naive: one call each; batch: one call for all)."""
         raise NotImplementedError
 
-    def _adjust(self, batch: RewardInputs, scored: _Scored) -> _Scored:
-        """Hook for score shaping after scoring (dapo)."""
+    def shape_scores(self, batch: RewardInputs, scored: ScoredBatch) -> ScoredBatch:
+        """Hook for score shaping after scoring (dapo's overlong penalty; a subclass's own terms)."""
         return scored
 
     def close(self) -> None:
@@ -253,7 +256,7 @@ class NaiveRewardManager(RewardManager):
 
     name = "naive"
 
-    def _score(self, batch: RewardInputs) -> _Scored:
+    def score_batch(self, batch: RewardInputs) -> ScoredBatch:
         items = list(zip(batch.data_sources, batch.responses, batch.ground_truths, batch.extra_infos or [], strict=True))
         if self.num_workers == 0:
             with collect_failures() as tally:
@@ -263,7 +266,7 @@ class NaiveRewardManager(RewardManager):
         return _from_pool(calls, self.compute_score)
 
 
-def _from_pool(calls: Sequence[CallResult], fn: Callable[..., Any]) -> _Scored:
+def _from_pool(calls: Sequence[CallResult], fn: Callable[..., Any]) -> ScoredBatch:
     results = [check_score(c.value, fn) if c.ok else None for c in calls]
     return _from_results(results, sum(c.timed_out for c in calls), sum(c.crashed for c in calls))
 
@@ -291,7 +294,7 @@ class BatchRewardManager(RewardManager):
     def _default_scorer(self, timeout_s: float) -> Callable[..., Any]:
         return functools.partial(default_batch_compute_score, math_timeout_s=timeout_s)
 
-    def _score(self, batch: RewardInputs) -> _Scored:
+    def score_batch(self, batch: RewardInputs) -> ScoredBatch:
         args = (list(batch.data_sources), list(batch.responses), list(batch.ground_truths), list(batch.extra_infos or []))
         if self.num_workers == 0:
             with collect_failures() as tally:
@@ -348,7 +351,7 @@ class DAPORewardManager(NaiveRewardManager):
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
 
-    def _adjust(self, batch: RewardInputs, scored: _Scored) -> _Scored:
+    def shape_scores(self, batch: RewardInputs, scored: ScoredBatch) -> ScoredBatch:
         max_len = self.max_resp_len if self.max_resp_len is not None else batch.response_width
         if self.overlong_buffer_len > max_len:
             raise UserError(
