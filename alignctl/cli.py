@@ -389,7 +389,18 @@ def run(
     from alignctl.pipeline.summary import print_summary
 
     spec = load(pipeline, overrides or [])
-    print_summary(run_pipeline(spec, force=force or [], until=until, dry_run=dry_run, sequential=sequential))
+    outcomes = run_pipeline(spec, force=force or [], until=until, dry_run=dry_run, sequential=sequential)
+    if dry_run:
+        import shutil
+
+        from alignctl.cores import available_cores
+        from alignctl.pipeline.schedule import dry_run_states, plan_lines
+
+        width = shutil.get_terminal_size((100, 24)).columns
+        typer.echo("\n".join(plan_lines(spec, dry_run_states(outcomes), cores=available_cores(),
+                                         sequential=sequential, width=width)))
+        return
+    print_summary(outcomes)
 
 
 @app.command("_stage", hidden=True)

@@ -86,6 +86,11 @@ def _len(items: Any) -> int | None:
         return None
 
 
+def clip(line: str, width: int) -> str:
+    """``line`` cut to ``width`` columns, an ellipsis marking the cut (one screen line each)."""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     table = Table(title=title, title_justify="left")
     for name in columns:

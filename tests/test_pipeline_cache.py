@@ -192,7 +192,9 @@ def test_summary_headline_of_an_sft_stage_without_held_out_data():
     (an SFT stage without val_files used to show an empty headline)."""
     from alignctl.pipeline.summary import headline
 
-    assert headline("sft", {"val/loss": 0.25, "train/loss_end": 0.5}) == "val/loss 0.250"
+    assert headline("sft", {"val/loss": 0.25, "train/loss_end": 0.5}) == "val loss 0.250"
+    assert headline("sft", {"val/loss_start": 2.0, "val/loss": 0.25, "val/mean_token_accuracy": 0.5}) == \
+        "val loss 2.000 -> 0.250, token acc 0.500"
     assert headline("sft", {"train/loss_start": 0.85, "train/loss_end": 0.32}) == "train loss 0.850 -> 0.320 (no val_files)"
 
 

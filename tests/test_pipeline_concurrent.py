@@ -16,7 +16,7 @@ import pytest
 from alignctl.cores import available_cores
 from alignctl.errors import RunFailed, UserError
 from alignctl.pipeline import concurrent
-from alignctl.pipeline.concurrent import Job, next_job, stage_cores
+from alignctl.pipeline.concurrent import Job, next_job, simulate, stage_cores
 from alignctl.pipeline.runner import load, run_pipeline
 from conftest import REPO_ROOT, assert_user_error, run_cli
 
@@ -217,21 +217,9 @@ def test_a_terminated_run_stops_its_stage_processes(tmp_path):
 
 
 def _simulated_starts(jobs: list[Job], seconds: dict[str, float], cores: int) -> tuple[dict[str, float], float]:
-    """Start time of each job and the end of the last one when ``run_jobs`` picks with ``next_job``
-    and each job takes ``seconds[name]`` (an event-by-event replay of the loop, no processes)."""
-    pending, running, built, starts, now, free = list(jobs), [], set(), {}, 0.0, cores
-    while pending or running:
-        job = next_job(pending, built, free)
-        if job is not None:
-            pending.remove(job)
-            starts[job.name], free = now, free - job.cores
-            running.append((now + seconds[job.name], job))
-            continue
-        running.sort(key=lambda item: item[0])
-        now, done = running.pop(0)
-        built.add(done.name)
-        free += done.cores
-    return starts, now
+    """Start time of each job and the end of the last one (concurrent.simulate, the dry run's replay)."""
+    times = simulate(jobs, seconds, cores)
+    return {name: start for name, (start, _) in times.items()}, max(end for _, end in times.values())
 
 
 def test_quickstart_file_order_starts_grpo_beside_the_reward_model_and_the_judge_in_ppos_place(tmp_path):

@@ -65,6 +65,24 @@ def next_job(pending: list[Job], built: set[str], free: int) -> Job | None:
     return None
 
 
+def simulate(jobs: list[Job], seconds: dict[str, float], cores: int) -> dict[str, tuple[float, float]]:
+    """(start, end) of each job when :func:`run_jobs` picks with :func:`next_job` and each job takes
+    ``seconds[name]``: an event-by-event replay of the loop, no processes (``alignctl run --dry-run``)."""
+    pending, running, built, times, now, free = list(jobs), [], set(), {}, 0.0, cores
+    while pending or running:
+        job = next_job(pending, built, free)
+        if job is not None:
+            pending.remove(job)
+            times[job.name], free = (now, now + seconds[job.name]), free - job.cores
+            running.append((now + seconds[job.name], job))
+            continue
+        running.sort(key=lambda item: item[0])
+        now, done = running.pop(0)
+        built.add(done.name)
+        free += done.cores
+    return times
+
+
 @dataclass
 class _Running:
     job: Job

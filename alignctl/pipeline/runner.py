@@ -129,13 +129,15 @@ def run_pipeline(spec: PipelineSpec, *, force: list[str] | None = None, until: s
     check_workdir(spec.workdir, _external_inputs(spec, paths))
     states = {name: stage_state(spec, name, key) for name, key in keys.items()}
     to_run = list(spec.stages)[: list(spec.stages).index(until) + 1] if until else list(spec.stages)
-    _preflight_all(spec, paths, {n for n, st in states.items() if st.state != "cached" or n in forced}, to_run,
-                   offline_ok=dry_run)
+    to_build = {n for n, st in states.items() if st.state != "cached" or n in forced}
+    # A cached stage will not run: its inputs need no check (and a warm dry run stays quick).
+    _preflight_all(spec, paths, to_build, [n for n in to_run if n in to_build], offline_ok=dry_run)
     outcomes: list[StageOutcome] = []
     if dry_run:
-        for name, key in keys.items():
-            state = states[name]
-            outcomes.append(StageOutcome(name, spec.stages[name].kind, f"planned ({state.state})", state.path, key))
+        for name in to_run:
+            state = "forced" if name in forced else states[name].state
+            outcomes.append(StageOutcome(name, spec.stages[name].kind, f"planned ({state})", states[name].path,
+                                         keys[name]))
         return outcomes
     with workdir_lock(spec.workdir):
         fresh = {n: stage_state(spec, n, keys[n]) for n in to_run}

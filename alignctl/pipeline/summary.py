@@ -7,28 +7,30 @@ import re
 from pathlib import Path
 from typing import Any
 
-from alignctl.console import console, print_table
+from alignctl.console import clip, console, print_table
+from alignctl.tracking import ALARM_PREFIX, REWARD_KEY, gold_key
 
 
 def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _pick(metrics: dict[str, Any], *needles: str) -> list[tuple[str, Any]]:
-    return [(k, v) for k, v in metrics.items() if any(n in k for n in needles) and isinstance(v, (int, float))]
-
-
 def headline(kind: str, metrics: dict[str, Any]) -> str:
     if not metrics:
         return ""
     if kind == "preprocess":
-        return ", ".join(f"{k} {v}" for k, v in (metrics.get("rows") or {}).items())
+        return ", ".join(f"{k.removesuffix('.parquet')} {v}" for k, v in (metrics.get("rows") or {}).items())
     if kind in ("init-model", "import-model"):
         return f"{metrics.get('num_parameters', 0):,} parameters"
     if kind == "sft":
-        held_out = _pick(metrics, "val/loss", "val/mean_token_accuracy")[:3]
-        if held_out or "train/loss_end" not in metrics:
-            return ", ".join(f"{k} {_fmt(v)}" for k, v in held_out)
+        if "val/loss" in metrics:
+            start = metrics.get("val/loss_start")
+            text = f"val loss {_fmt(start)} -> {_fmt(metrics['val/loss'])}" if start is not None else \
+                f"val loss {_fmt(metrics['val/loss'])}"
+            accuracy = metrics.get("val/mean_token_accuracy")
+            return text + (f", token acc {_fmt(accuracy)}" if accuracy is not None else "")
+        if "train/loss_end" not in metrics:
+            return ""
         return f"train loss {_fmt(metrics.get('train/loss_start'))} -> {_fmt(metrics['train/loss_end'])} (no val_files)"
     if kind == "train-rm":  # held-out numbers: what the RM will be trusted for
         text = ", ".join(f"{k} {_fmt(metrics[k])}" for k in ("val/accuracy", "val/margin_mean") if k in metrics)
@@ -79,8 +81,9 @@ def _rl_headline(metrics: dict[str, Any]) -> str:
         parts.append(f"reward {_fmt(metrics['reward/start'])} -> {_fmt(metrics['reward/end'])}")
     before = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("before/")}
     after = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("after/")}
+    single = len(after) == 1
     for key, value in after.items():
-        name = _val_source(f"after/{key}")
+        name = "val acc" if single else _val_source(f"after/{key}")
         parts.append(f"{name} {_fmt(before[key])} -> {_fmt(value)}" if key in before else f"{name} {_fmt(value)}")
     if not after and "gold/start" in metrics and "gold/end" in metrics:
         parts.append(f"gold {_fmt(metrics['gold/start'])} -> {_fmt(metrics['gold/end'])}")
@@ -90,20 +93,14 @@ def _rl_headline(metrics: dict[str, Any]) -> str:
     return ", ".join(parts) or f"{metrics.get('steps', 0)} steps"
 
 
-# Per-step signals of an RL run's metrics.jsonl that status and the stage headline summarise.
-_REWARD = "critic/score/mean"
-_GOLD = ("reward/rule_score/mean", "reward/extra/acc/mean")
-ALARM_PREFIX = "monitor/alarm/"
-
-
 def run_digest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Start/end means of the reward (and of a per-step gold accuracy beside a reward model) over the
-    first and last quarter of the training steps (at most 4 steps each: one step is noisy), and the
-    alarms that fired, from an RL run's metrics.jsonl rows."""
-    steps = [r for r in rows if _REWARD in r]
+    """Start/end means of the reward (and of a per-step gold accuracy, :func:`~alignctl.tracking.gold_key`)
+    over the first and last quarter of the training steps (at most 4 steps each: one step is noisy),
+    and the alarms that fired, from an RL run's metrics.jsonl rows."""
+    steps = [r for r in rows if REWARD_KEY in r]
+    gold = gold_key(steps[0]) if steps else None
     out: dict[str, Any] = {}
-    for name, keys in (("reward", (_REWARD,)), ("gold", _GOLD)):
-        key = next((k for k in keys if any(k in r for r in steps)), None)
+    for name, key in (("reward", REWARD_KEY), ("gold", gold)):
         values = [float(r[key]) for r in steps if key is not None and isinstance(r.get(key), (int, float))]
         if values:
             k = max(1, min(4, len(values) // 4))
@@ -126,8 +123,9 @@ def read_run_digest(folder: Path) -> dict[str, Any]:
 def concerns(kind: str, metrics: dict[str, Any]) -> list[str]:
     """What looks wrong in a finished stage's numbers: one short phrase each."""
     found = []
-    for name in ("train loss", "val loss"):
-        start, end = metrics.get(f"{name.replace(' ', '/')}_start"), metrics.get(f"{name.replace(' ', '/')}_end")
+    for name, (start_key, end_key) in (("train loss", ("train/loss_start", "train/loss_end")),
+                                       ("val loss", ("val/loss_start", "val/loss"))):
+        start, end = metrics.get(start_key), metrics.get(end_key)
         if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start:
             found.append(f"{name} rose {_fmt(start)} -> {_fmt(end)}")
     if kind in ("ppo", "grpo"):
@@ -152,25 +150,21 @@ def status_lines(title: str, workdir: Path, stages: list[tuple[str, str, str, di
     kind_w = max([4, *(len(s[1]) for s in stages)])
     counts = {state: sum(1 for s in stages if s[2] == state) for state in ("cached", "stale", "missing")}
     summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    lines = [_clip(f"{title}: {summary}", width), _clip(f"artifacts: {workdir}/<stage>-<key12>", width),
+    lines = [clip(f"{title}: {summary}", width), clip(f"artifacts: {workdir}/<stage>-<key12>", width),
              f"{'stage':<{name_w}}  {'kind':<{kind_w}}  {'state':<7}  headline"]
     warnings = []
     for name, kind, state, metrics in stages:
         text = _plain(headline(kind, metrics)) if state == "cached" else ""
-        lines.append(_clip(f"{name:<{name_w}}  {kind:<{kind_w}}  {state:<7}  {text}".rstrip(), width))
+        lines.append(clip(f"{name:<{name_w}}  {kind:<{kind_w}}  {state:<7}  {text}".rstrip(), width))
         warnings += [f"  {name}: {item}" for item in concerns(kind, metrics)] if state == "cached" else []
     if warnings:
-        lines += ["warnings:", *(_clip(w, width) for w in warnings)]
+        lines += ["warnings:", *(clip(w, width) for w in warnings)]
     return lines
 
 
 def _plain(text: str) -> str:
     """A headline without rich markup (status prints plain text)."""
     return re.sub(r"\[/?[a-z ]*\]", "", text)
-
-
-def _clip(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def print_summary(outcomes: list[Any]) -> None:
