@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from alignctl.config.core import to_dict
 from alignctl.errors import UserError
 from alignctl.models.forward import compute_log_probs
-from alignctl.workers.group import DistContext
+from alignctl.workers.worker_process import DistContext
 from alignctl.rollout.hf_engine import HFRolloutEngine
 from alignctl.workers.low_precision import low_precision_copy
 from rl_helpers import make_assets, prompt_batch, rl_config, with_advantages
@@ -127,7 +127,6 @@ def test_auto_generates_with_the_training_module(assets, tmp_path):
 
 
 @pytest.mark.parametrize(("overrides", "needs"), [
-    (["actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.name=vllm"], "rollout.name=hf"),
     (["actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.model.lora_rank=4"], "full fine-tuning"),
     (["actor_rollout_ref.ref.dtype=bfloat16", "actor_rollout_ref.model.lora_rank=4"], "full fine-tuning"),
     (["actor_rollout_ref.ref.dtype=bfloat16", "actor_rollout_ref.actor.strategy=fsdp2"], "actor.strategy=ddp"),

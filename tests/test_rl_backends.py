@@ -18,7 +18,9 @@ from alignctl.batch import Batch
 from alignctl.config.core import to_dict
 from alignctl.models.forward import compute_log_probs
 from alignctl.trainers.rl_trainer import RLTrainer
-from alignctl.workers.group import DistContext, ResourcePool, RoleSpec, WorkerGroup, init_ray
+from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup
+from alignctl.workers.ray_session import init_ray
+from alignctl.workers.worker_process import DistContext
 from rl_helpers import all_finite, make_assets, prompt_batch, read_metrics, rl_config, with_advantages
 
 pytestmark = pytest.mark.slow
@@ -55,7 +57,7 @@ def test_deepspeed_ppo_with_critic_runs_and_exports(assets, tmp_path, ray_sessio
     result = RLTrainer(cfg).fit()
     # DeepSpeed's communication backend is a process-wide global it never tears down: its workers
     # are stopped at the end, not parked for the next run (trainer.reuse_workers).
-    from alignctl.workers.group import parked_pids
+    from alignctl.workers.parked_groups import parked_pids
 
     assert parked_pids() == []
     rows = read_metrics(tmp_path / "run")
@@ -297,13 +299,6 @@ def test_lora_grpo_two_workers_runs_and_exports(assets, tmp_path, ray_session, s
     assert torch.equal(exported.model.embed_tokens.weight, initial.model.embed_tokens.weight)
     v_new, v_old = exported.model.layers[0].self_attn.v_proj.weight, initial.model.layers[0].self_attn.v_proj.weight
     assert 1e-6 < float((v_new - v_old).detach().abs().max()) < 0.1  # the adapters are merged in
-
-
-def test_lora_with_vllm_rollout_is_a_user_error(assets, tmp_path):
-    from alignctl.errors import UserError
-
-    with pytest.raises(UserError, match="rollout.name=hf"):
-        _local_actor(assets, tmp_path, *LORA, "actor_rollout_ref.rollout.name=vllm")
 
 
 def test_deepspeed_offload_param_needs_zero3(assets, tmp_path):

@@ -71,7 +71,7 @@ def trace_ids(tokenizer, question: str, stop_ids: tuple[int, ...]) -> tuple[list
     return prompt, response, loss
 
 
-def make_tool_model(root: Path, *, steps: int = 400) -> dict[str, Path]:
+def make_tool_model(root: Path, *, steps: int = 400, hidden: int = 64, heads: int | None = None) -> dict[str, Path]:
     """``{"model": folder, "data": train.parquet}``: the fitted model and RL prompts of the traces."""
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +80,8 @@ def make_tool_model(root: Path, *, steps: int = 400) -> dict[str, Path]:
 
     root.mkdir(parents=True, exist_ok=True)
     base = root / "base"
-    init_model(out=base, tokenizer_from=[_vocabulary_file(root)], hidden=64, layers=2, tokenizer_kind="char", seed=0)
+    init_model(out=base, tokenizer_from=[_vocabulary_file(root)], hidden=hidden, layers=2, heads=heads,
+               tokenizer_kind="char", seed=0)
     tokenizer = load_tokenizer(base, padding_side="left")
     stop = (int(tokenizer.eos_token_id),)
     rows = [trace_ids(tokenizer, q, stop) for q in TRACES]

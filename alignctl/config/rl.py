@@ -15,6 +15,7 @@ from alignctl.config.core import field, section
 from alignctl.config.placement import DEFAULT_POOL, PlacementConfig, PoolConfig, check_placement, pool_key, pool_shapes
 from alignctl.errors import UserError
 from alignctl.plugins import load_plugins, where_plugins_come_from
+from alignctl.rollout.registry import engine_entry
 
 STRATEGIES = ("ddp", "fsdp2", "deepspeed")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -204,7 +205,8 @@ class MultiTurnConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = field("hf", help="Rollout engine.", choices=("hf", "vllm"))
+    name: str = field("hf", help="Rollout engine, a registered name: hf (in-process, the training module "
+                                 "itself) or vllm (its own weight copy, synced every step); docs/customize.md adds one.")
     n: int = field(1, ge=1, help="Responses per prompt.")
     temperature: float = field(1.0, ge=0, help="Sampling temperature.")
     top_p: float = field(1.0, gt=0, le=1, help="Nucleus threshold.")
@@ -221,6 +223,14 @@ class RolloutConfig:
     gpu_memory_utilization: float = field(0.5, gt=0, le=1, help="vllm: fraction of GPU memory for weights + KV cache.")
     tensor_model_parallel_size: int = field(1, ge=1, help="vllm: tensor-parallel degree.")
     enforce_eager: bool = field(True, help="vllm: disable CUDA graphs.")
+    cpu_kv_cache_gib: float = field(1.0, gt=0, help="vllm on CPU: GiB of host memory for the KV cache "
+                                                    "(VLLM_CPU_KVCACHE_SPACE, unless already set).")
+    verify_sync: bool = field(True, help="After every weight sync into an engine with its own copy (vllm), "
+                                         "compare its log-probs of a fixed probe sequence with the trainer's; "
+                                         "a difference over sync_check_tol stops the run naming the step.")
+    sync_check_tol: float | None = field(None, gt=0, help="Largest allowed |log-prob difference| of the sync "
+                                                          "check (default: 1e-3 for a float32 engine, 0.5 for "
+                                                          "bf16/fp16).")
     free_cache_engine: bool = field(True, help="Free the rollout's memory after every generation: hf drops its KV "
                                                "cache and, on CUDA, returns the cached blocks to the driver "
                                                "(torch.cuda.empty_cache); vllm sleeps (weights to CPU, KV cache "
@@ -459,6 +469,7 @@ class RLConfig:
             if name not in registry:
                 raise UserError(f"key {key!r} expected one of {', '.join(registry)}, got {name!r}; "
                                 f"{where_plugins_come_from(self.algorithm.plugins)}")
+        engine_entry(self.actor_rollout_ref.rollout.name)  # a plugin may have registered it
         try:
             self.algorithm.estimator_kwargs = resolve_estimator_kwargs(self.algorithm.adv_estimator,
                                                                        self.algorithm.estimator_kwargs)
@@ -597,9 +608,9 @@ class RLConfig:
             if dtype == "auto":
                 continue
             why = None
-            if key == "rollout.dtype" and arr.rollout.name != "hf":
-                why = f"rollout.name=hf (got {arr.rollout.name}; vllm loads its own weights in model.dtype)"
-            elif arr.model.lora_rank > 0:
+            if key == "rollout.dtype" and not engine_entry(arr.rollout.name).capabilities.dtype_copy:
+                continue  # the engine loads its own weights in this dtype; nothing is copied in the actor
+            if arr.model.lora_rank > 0:
                 why = "full fine-tuning (model.lora_rank > 0 keeps no separate weights to copy)"
             elif arr.actor.strategy != "ddp":
                 why = f"actor.strategy=ddp (got {arr.actor.strategy}: a whole copy on every rank would undo its sharding)"
@@ -628,9 +639,10 @@ class RLConfig:
             return
         from alignctl.tools import TOOLS
 
-        if self.actor_rollout_ref.rollout.name != "hf":
-            raise UserError("key 'actor_rollout_ref.rollout.multi_turn.enable' needs rollout.name=hf (the vllm engine "
-                            "has no multi-turn loop yet)")
+        engine = self.actor_rollout_ref.rollout.name
+        if not engine_entry(engine).capabilities.multi_turn:
+            raise UserError(f"key 'actor_rollout_ref.rollout.multi_turn.enable': the rollout engine {engine!r} cannot "
+                            "run tool-using conversations; use rollout.name=hf or vllm")
         if not mt.tools:
             raise UserError("key 'actor_rollout_ref.rollout.multi_turn.tools' is empty; expected at least one tool")
         for name in mt.tools:

@@ -16,6 +16,7 @@ from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.models.reward_kind import is_likelihood_reward_folder
 from alignctl.plan import memory as mem
+from alignctl.rollout.registry import engine_entry
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -138,10 +139,10 @@ def plan_rl(cfg: RLConfig, device_memory: int | None = None, shapes: dict[str, m
     roles = [builders[name](cfg, shapes[name], world[name], p_bytes, c_bytes) for name in used]
     workers_per_node = sum(pool.workers_per_node for pool in pools.values())  # on one machine they share its RAM
     available = device_memory if device_memory is not None else detect_device_memory(device, workers_per_node)
-    if arr.rollout.name == "vllm" and available is not None:
-        # vLLM takes its fraction of the device for weights and KV cache while it generates, and keeps
-        # it between rollouts unless it sleeps (free_cache_engine).
-        reserve = {"vllm reserve": int(arr.rollout.gpu_memory_utilization * available)}
+    if engine_entry(arr.rollout.name).capabilities.device_fraction and available is not None:
+        # Such an engine (vllm) takes its fraction of the device for weights and KV cache while it
+        # generates, and keeps it between rollouts unless it sleeps (free_cache_engine).
+        reserve = {f"{arr.rollout.name} reserve": int(arr.rollout.gpu_memory_utilization * available)}
         if arr.rollout.free_cache_engine:
             roles[0].phases["rollout"] = reserve
         else:

@@ -1,32 +1,45 @@
 """Rollout (generation) engines behind one interface.
 
-``get_rollout_engine("hf", model=module)`` runs in-process on the training module (default);
-``get_rollout_engine("vllm", model_path=..., ...)`` uses vLLM (optional extra, CUDA only). Engine
-modules are imported lazily so ``import alignctl.rollout`` stays light.
+Engines are registry entries (``rollout/registry.py``) that declare what they support.
+``get_rollout_engine("hf", model=module)`` builds one from explicit keyword arguments (tests, eval,
+benchmarks); the RL actor builds its engine from the rollout config with
+:func:`build_rollout_engine`. Engine modules are imported lazily so ``import alignctl.rollout``
+stays light: the registry is read by config validation, which must not import torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alignctl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from alignctl.rollout.registry import (
+    ROLLOUT_ENGINES,
+    EngineCapabilities,
+    EngineEntry,
+    build_rollout_engine,
+    engine_entry,
+    register_rollout_engine,
+)
 
-# name -> "module:Class"; resolved on first use.
-ROLLOUT_ENGINES: dict[str, str] = {
-    "hf": "alignctl.rollout.hf_engine:HFRolloutEngine",
-    "vllm": "alignctl.rollout.vllm_engine:VLLMRolloutEngine",
-}
+if TYPE_CHECKING:
+    from alignctl.rollout.base import RolloutEngine, RolloutOutput, RolloutSetup, SamplingParams
+
+_FROM_BASE = ("RolloutEngine", "RolloutOutput", "RolloutSetup", "SamplingParams")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_BASE:  # the engine contract imports torch: only on first use
+        return getattr(importlib.import_module("alignctl.rollout.base"), name)
+    raise AttributeError(f"module 'alignctl.rollout' has no attribute {name!r}")
 
 
 def get_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """Build the engine registered under ``name`` with engine-specific keyword arguments."""
     if name not in ROLLOUT_ENGINES:
         raise ValueError(f"unknown rollout engine {name!r}; expected one of: {', '.join(sorted(ROLLOUT_ENGINES))}")
-    module_name, cls_name = ROLLOUT_ENGINES[name].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    engine: RolloutEngine = cls(**kwargs)
+    engine: RolloutEngine = ROLLOUT_ENGINES[name].load_class()(**kwargs)
     return engine
 
 
-__all__ = ["ROLLOUT_ENGINES", "RolloutEngine", "RolloutOutput", "SamplingParams", "get_rollout_engine"]
+__all__ = ["ROLLOUT_ENGINES", "EngineCapabilities", "EngineEntry", "RolloutEngine", "RolloutOutput", "RolloutSetup",
+           "SamplingParams", "build_rollout_engine", "engine_entry", "get_rollout_engine", "register_rollout_engine"]

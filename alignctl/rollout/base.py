@@ -144,6 +144,30 @@ class RolloutOutput:
         return [row[:length] for row, length in zip(self.response_ids.tolist(), lengths)]
 
 
+@dataclass
+class RolloutSetup:
+    """What the actor hands an engine's ``from_setup``: the policy it generates for.
+
+    model            the training module (full parameters inside ``gather_params``)
+    model_path       the folder the policy was loaded from (engines with their own copy load it)
+    dtype            the training parameters' dtype name ("float32", "bfloat16", ...)
+    max_model_len    longest prompt + response the run can produce, in tokens
+    gather_params    a context manager factory that gathers sharded parameters (FSDP2 / ZeRO-3)
+    rollout_model    the actor's own low-precision copy for engines with ``dtype_copy`` (else None)
+    seed             the run's seed
+    """
+
+    model: Any
+    model_path: str
+    pad_token_id: int
+    eos_token_ids: list[int]
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    gather_params: Any = None
+    rollout_model: Any = None
+    seed: int = 0
+
+
 class RolloutEngine(ABC):
     """Generation engine lifecycle used by the hybrid actor/rollout worker.
 
@@ -153,6 +177,25 @@ class RolloutEngine(ABC):
     """
 
     name: str = ""
+    # True when the engine generates with a copy of its own: the actor pushes the trainer's weights
+    # (sync_weights) and verifies them (probe_log_probs) after every update.
+    holds_own_weights: bool = False
+
+    @classmethod
+    def from_setup(cls, rollout_cfg: Any, setup: RolloutSetup) -> RolloutEngine:
+        """Build the engine from ``actor_rollout_ref.rollout`` and the actor's :class:`RolloutSetup`;
+        each engine reads the keys it needs."""
+        raise NotImplementedError(f"rollout engine {cls.__name__} cannot be built from a config")
+
+    def probe_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor | None:
+        """``log softmax(logits)[t+1]`` at every position ``t`` of ``token_ids`` (length ``len - 1``)
+        under the weights the engine generates with, or None for an engine that shares the trainer's
+        module (nothing to verify). The actor compares it with its own after each weight sync."""
+        return None
+
+    def status_metrics(self) -> dict[str, float]:
+        """Per-step facts about the engine (e.g. whether sleep really frees memory here)."""
+        return {}
 
     @abstractmethod
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:

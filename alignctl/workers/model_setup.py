@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig
+from alignctl.config.rl import ActorConfig, ActorRolloutRefConfig, ModelConfig, OptimConfig, RLConfig
 from alignctl.errors import UserError
 from alignctl.models.attention import resolve_attn_implementation, resolve_packing, resolve_share_prompt
 from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
+from alignctl.rollout import RolloutSetup, engine_entry
 from alignctl.workers.group import DistContext
 from alignctl.workers.low_precision import low_precision_copy
 from alignctl.workers.offload import ParkedModule
@@ -82,16 +83,23 @@ class Policy:
         with parked, self.ref_engine.gathered() as ref:
             yield ref
 
-    def rollout_kwargs(self, rollout: RolloutConfig) -> dict[str, Any]:
-        if rollout.name == "hf" and self.rollout_model is not None:  # its own bf16 copy, refreshed per rollout
-            return {"model": self.rollout_model, "pad_token_id": self.pad_id, "eos_token_id": self.eos_ids}
-        if rollout.name == "hf":  # the training module itself: no weight copy (the hybrid engine)
-            return {"model": self.model, "pad_token_id": self.pad_id, "eos_token_id": self.eos_ids,
-                    "gather_params": self.engine.gathered}
-        return {"model_path": self.model.name_or_path, "pad_token_id": self.pad_id,
-                "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                "gpu_memory_utilization": rollout.gpu_memory_utilization,
-                "tensor_parallel_size": rollout.tensor_model_parallel_size, "enforce_eager": rollout.enforce_eager}
+    def rollout_setup(self, cfg: RLConfig) -> RolloutSetup:
+        """What the rollout engine is built from (rollout/registry.py: each engine reads what it needs)."""
+        return RolloutSetup(
+            model=self.model, model_path=str(cfg.actor_rollout_ref.model.path), pad_token_id=self.pad_id,
+            eos_token_ids=list(self.eos_ids), dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            gather_params=self.engine.gathered, rollout_model=self.rollout_model, seed=cfg.trainer.seed)
+
+    def rollout_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's complete weights under their plain HF names, for an engine holding its own copy
+        (collective under sharding: every rank calls). Under LoRA the adapters are merged first, so
+        the engine generates with exactly the trained policy."""
+        state = self.engine.full_state_dict()
+        if self.lora is None:
+            return list(state.items())
+        merged = merge_lora_state(state, self.model.config, self.lora)
+        return [(name, tensor.detach()) for name, tensor in merged.state_dict().items()]
 
 
 def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
@@ -117,10 +125,9 @@ def lora_config(model_cfg: ModelConfig) -> Any:
 def check_lora_support(arr: ActorRolloutRefConfig) -> None:
     if arr.model.lora_rank <= 0:
         return
-    if arr.rollout.name != "hf":
-        raise UserError(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} needs "
-                        f"actor_rollout_ref.rollout.name=hf (the {arr.rollout.name} engine would need merged "
-                        f"weights pushed every step; not supported)")
+    if not engine_entry(arr.rollout.name).capabilities.lora:
+        raise UserError(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank}: the rollout engine "
+                        f"{arr.rollout.name!r} does not support LoRA-trained policies; use another rollout.name")
     if not arr.model.target_modules:
         raise UserError("actor_rollout_ref.model.lora_rank > 0 needs a non-empty "
                         "actor_rollout_ref.model.target_modules list (e.g. [q_proj, v_proj])")
@@ -202,7 +209,8 @@ def build_policy(cfg: RLConfig, ctx: DistContext, total_steps: int) -> Policy:
     # Copied while still in CPU memory: an offloaded reference never occupies the device whole. None
     # without a KL term (no pass reads it: a whole model's memory saved).
     ref = None if lora is not None or not cfg.needs_reference else _reference_copy(model, arr.ref.dtype)
-    rollout_model = None if arr.rollout.dtype == "auto" else low_precision_copy(model, arr.rollout.dtype, ctx.device)
+    copies = engine_entry(arr.rollout.name).capabilities.dtype_copy and arr.rollout.dtype != "auto"
+    rollout_model = low_precision_copy(model, arr.rollout.dtype, ctx.device) if copies else None
     offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy
     # After the reference copy (which must not inherit it), before the engine: DDP and the optimizer
     # take only the parameters that train.
