@@ -284,6 +284,9 @@ def _run_rl(config: Path | None, overrides: list[str], base: dict[str, Any], ove
     flags = {"trainer.trust_checkpoint": True} if trust else None
     cfg = load_config(RLConfig, config, overrides, base=base, flags=flags)
     _preflight(cfg, overwrite)
+    from alignctl.tracking import check_logger_packages
+
+    check_logger_packages(cfg.trainer.logger)
     if memory_check:
         from alignctl.plan import check_fits
 

@@ -151,6 +151,22 @@ class StepLineSink:
         return None
 
 
+# logger -> (the module its sink imports, the extra that installs it)
+_LOGGER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+
+
+def check_logger_packages(loggers: list[str], key: str = "trainer.logger") -> None:
+    """Refuse (UserError) a logger whose package is not installed, before anything runs: the sink
+    itself is only made once the run's workers are up, minutes into a pipeline."""
+    import importlib.util
+
+    for name in loggers:
+        module, extra = _LOGGER_PACKAGES.get(name, (None, None))
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise UserError(f"{key} includes {name!r} but it is not installed: pip install 'alignctl[{extra}]' "
+                            f"(or drop it from {key})")
+
+
 class TensorboardSink:
     def __init__(self, folder: Path) -> None:
         try:

@@ -26,6 +26,7 @@ from alignctl.pipeline.spec import PipelineSpec, load_pipeline, substitute
 from alignctl.preflight import preflight
 from alignctl.pipeline.stages import STAGE_KINDS
 from alignctl.pipeline.summary import headline
+from alignctl.tracking import check_logger_packages
 
 
 @dataclass
@@ -115,6 +116,9 @@ def _stage_preflight(spec: PipelineSpec, name: str, cfg: Any, pending: list[str]
                      offline_ok: bool = False) -> None:
     try:
         preflight(cfg, pending=pending or (), outputs=False, offline_ok=offline_ok)
+        trainer = getattr(cfg, "trainer", None)
+        if isinstance(getattr(trainer, "logger", None), list):  # RL stages
+            check_logger_packages(trainer.logger)
     except UserError as exc:
         raise UserError(f"{spec.path} (stage {name!r}): {exc}") from None
 
