@@ -25,8 +25,8 @@ MEASUREMENT = re.compile(r"\d+(\.\d+)?\s?(ms|s|min|minutes|seconds|hours)\b|\b\d
 PENDING = {"docs/agents.md": "the calculator demonstration's section cites commits and a tracker issue"}
 
 README_SETUP = "bash scripts/setup.sh && .venv/bin/alignctl run pipelines/quickstart.yaml"
-README_TESTS = ("bash scripts/setup.sh --with-vllm && .venv/bin/python -m pytest -q -n 2 --dist loadfile && "
-                ".venv-vllm/bin/python -m pytest -q -m vllm")
+README_TESTS = ("bash scripts/setup.sh --dev --with-vllm && .venv/bin/python -m pytest -q -n 2 --dist loadfile && "
+                ".venv-vllm/bin/python -m pytest -q -n 2 --dist loadfile -m vllm")
 
 
 def _shipped(*dirs: str, files: tuple[str, ...] = ()) -> list[Path]:
