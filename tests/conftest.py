@@ -59,7 +59,7 @@ def _no_ray_session_outlives_its_test_file() -> Iterator[None]:
     file in its worker had left Ray connected."""
     yield
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        from alignctl.workers.group import shutdown_ray
+        from alignctl.workers.ray_session import shutdown_ray
 
         shutdown_ray()
     if _RAY_ADDRESS_AT_START is None:

@@ -97,7 +97,7 @@ class RayStartCluster:
 
     def alive_nodes(self) -> int:
         """Live nodes, asked from a separate short-lived driver (this process stays unconnected)."""
-        code = ("import ray, sys; from alignctl.workers.group import join_cluster; join_cluster(sys.argv[1]);"
+        code = ("import ray, sys; from alignctl.workers.ray_session import join_cluster; join_cluster(sys.argv[1]);"
                 "print(sum(n['Alive'] for n in ray.nodes()))")
         out = subprocess.run([sys.executable, "-c", code, self.address], capture_output=True, text=True,
                              env=self.env, timeout=60)
@@ -162,7 +162,7 @@ def simulated_cluster(resources: list[dict[str, float]], num_cpus: int = 1) -> I
     import ray
     from ray.cluster_utils import Cluster
 
-    from alignctl.workers.group import RAY_SYSTEM_CONFIG, _node_ip_stays_loopback, join_cluster
+    from alignctl.workers.ray_session import RAY_SYSTEM_CONFIG, _node_ip_stays_loopback, join_cluster
 
     temp_dir = short_temp_dir("rc")
     os.makedirs(os.path.join(temp_dir, "ray"))

@@ -7,7 +7,7 @@ import torch
 
 from alignctl.trainers.dapo import DAPOTrainer, informative_groups, pool_round_metrics
 from alignctl.trainers.rl_factory import create_trainer
-from alignctl.workers.group import init_ray
+from alignctl.workers.ray_session import init_ray
 from rl_helpers import all_finite, make_assets, read_metrics, rl_config
 
 # Binary reward: many groups of 2 get equal scores, so filtering has work to do.

@@ -10,7 +10,7 @@ import torch
 
 from alignctl.batch import Batch
 from alignctl.config.core import to_dict
-from alignctl.workers.group import DistContext
+from alignctl.workers.worker_process import DistContext
 from alignctl.workers.microbatching import micro_batches
 from rl_helpers import make_assets, rl_config
 

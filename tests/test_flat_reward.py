@@ -38,7 +38,7 @@ def test_constant_first_batch_reward_stops_the_run(assets: dict[str, Path], tmp_
     assert "every one of the 8 responses of the first batch got the same reward (0)" in ours[0]
     assert "trainer.stop_on_flat_reward=false" in ours[0]
     assert not (tmp_path / "run").exists()  # a refused new run leaves no folder (a rerun needs no --overwrite)
-    from alignctl.workers.group import parked_pids
+    from alignctl.workers.parked_groups import parked_pids
 
     assert parked_pids() == []  # only a run that ended cleanly leaves its workers for the next (reuse_workers)
 

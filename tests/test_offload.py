@@ -87,7 +87,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _local_actor(assets: dict[str, Path], run_dir: Path, *overrides: str):  # noqa: ANN202 - an actor worker
     from alignctl.workers.actor import ActorRolloutRefWorker
-    from alignctl.workers.group import DistContext
+    from alignctl.workers.worker_process import DistContext
 
     cfg = rl_config(assets, run_dir, "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.5",
                     *overrides)
@@ -127,7 +127,7 @@ def test_parked_reward_model_scores_the_same(assets: dict[str, Path], tmp_path: 
     twice over (the second pass loads the weights again after the first parked them)."""
     from alignctl.batch import Batch
     from alignctl.models.loading import load_reward_model, load_tokenizer
-    from alignctl.workers.group import DistContext
+    from alignctl.workers.worker_process import DistContext
     from alignctl.workers.reward_model import RewardModelWorker
 
     torch.manual_seed(0)  # the fresh score head of a causal-LM folder, saved once for both workers
@@ -169,7 +169,7 @@ def _fsdp2_offload_check(rank: int, assets: dict[str, Path], run_dir: str) -> st
     from alignctl.batch import Batch
     from alignctl.workers.actor import ActorRolloutRefWorker
     from alignctl.workers.critic import CriticWorker
-    from alignctl.workers.group import DistContext
+    from alignctl.workers.worker_process import DistContext
 
     results = {}
     for name, keys in (("plain", []), ("offload", ["actor_rollout_ref.actor.fsdp_config.offload_policy=true",
@@ -228,7 +228,7 @@ def _zero3_reference_check(rank: int, assets: dict[str, Path], run_dir: str) -> 
     import os
 
     from alignctl.workers.actor import ActorRolloutRefWorker
-    from alignctl.workers.group import DistContext
+    from alignctl.workers.worker_process import DistContext
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2", DS_ACCELERATOR_LOG_LEVEL="error")
     out, batch = {}, None

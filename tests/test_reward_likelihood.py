@@ -231,7 +231,7 @@ def test_ppo_reward_worker_scores_a_likelihood_rm_normalised(small: tuple[Path, 
 
     from alignctl.batch import Batch
     from alignctl.config.core import to_dict
-    from alignctl.workers.group import DistContext
+    from alignctl.workers.worker_process import DistContext
     from alignctl.workers.reward_model import RewardModelWorker
     from rl_helpers import rl_config
 

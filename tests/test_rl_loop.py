@@ -12,7 +12,8 @@ import torch
 from alignctl.batch import Batch
 from alignctl.config.core import to_dict
 from alignctl.trainers.rl_trainer import RLTrainer
-from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup, init_ray
+from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup
+from alignctl.workers.ray_session import init_ray
 from rl_helpers import all_finite, make_assets, read_metrics, rl_config
 
 pytestmark = pytest.mark.slow
@@ -154,7 +155,7 @@ def test_a_finished_runs_workers_host_the_next_run_of_the_same_shape(assets, tmp
     nothing stays parked."""
     import time
 
-    from alignctl.workers.group import parked_pids, stop_parked
+    from alignctl.workers.parked_groups import parked_pids, stop_parked
 
     stop_parked()  # whatever an earlier test left: run "fresh" starts its own processes
     overrides = ("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2")

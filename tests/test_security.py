@@ -208,7 +208,7 @@ def test_a_local_grpo_run_listens_on_loopback_only(watched_run: WatchedRun):
 def _leftover_sessions(ray_tmp: Path) -> None:
     """What earlier runs left: an alignctl run that was SIGKILLed (its driver pid is gone) and a
     session of some other Ray user (no alignctl marker), which must be left alone."""
-    from alignctl.workers.group import SESSION_MARKER
+    from alignctl.workers.ray_session import SESSION_MARKER
 
     killed = ray_tmp / "session_2000-01-01_00-00-00_000000_1"
     killed.mkdir(parents=True)
@@ -325,7 +325,7 @@ def test_a_key_readable_by_others_is_refused(tmp_path: Path, monkeypatch):
 
 def test_trust_checkpoint_resumes_even_a_crafted_one(watched_run: WatchedRun, home: Path, tmp_path: Path):
     """The refusals above matter: trusted, the crafted pickle's code runs during the load."""
-    from alignctl.workers.group import local_session_dirs, shutdown_ray
+    from alignctl.workers.ray_session import local_session_dirs, shutdown_ray
 
     folder, marker = _crafted_copy(watched_run, tmp_path)
     try:

@@ -63,7 +63,7 @@ def _check_local_cluster(cfg: RLConfig) -> None:
     import ray
 
     from alignctl.trainers.rl_setup import check_local_fit
-    from alignctl.workers.group import cluster_address
+    from alignctl.workers.ray_session import cluster_address
 
     if cluster_address(cfg.trainer.ray_address) is None and not ray.is_initialized():
         check_local_fit(cfg)

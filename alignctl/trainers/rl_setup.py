@@ -20,7 +20,8 @@ from alignctl.models.loading import load_tokenizer
 from alignctl.plugins import import_roots
 from alignctl.tools import tool_schemas
 from alignctl.trainers.reward import RewardComputer
-from alignctl.workers.group import ResourcePool, RoleSpec, cluster_address, init_ray
+from alignctl.workers.group import ResourcePool, RoleSpec
+from alignctl.workers.ray_session import cluster_address, init_ray
 from alignctl.workers.placement import PooledWorkers, check_fit, cluster_nodes, start_pools
 
 

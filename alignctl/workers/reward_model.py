@@ -19,7 +19,7 @@ from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.eval.scoring import RewardScorer
-from alignctl.workers.group import DistContext
+from alignctl.workers.worker_process import DistContext
 from alignctl.workers.offload import ParkedModule
 
 
