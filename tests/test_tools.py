@@ -51,7 +51,7 @@ def test_parsing_valid_malformed_and_string_arguments():
         ("calculator", {"expression": "1+1"}, ""), ("calculator", {"expression": "2*3"}, "")]
     bad = parse_tool_calls(text + '<tool_call>{"name": "calculator", "arguments": {</tool_call><tool_call>[1, 2]</tool_call>')
     assert [(c.name, c.arguments) for c in bad] == [("", None)]
-    assert bad[0].error == "a <tool_call> is not closed with </tool_call>; no call of this turn ran"
+    assert bad[0].error == "malformed JSON in <tool_call>: an object or array is not closed; no call of this turn ran"
     assert parse_tool_calls("no call here, #### 5") == []
 
 
@@ -141,8 +141,55 @@ def test_the_python_tool_is_off_unless_enabled():
              "actor_rollout_ref.rollout.multi_turn.tools": ["calculator", "python"]}
     with pytest.raises(UserError, match="enable_python_tool=true"):
         load_config(RLConfig, None, [], flags=flags)
-    cfg = load_config(RLConfig, None, [], flags=flags | {"actor_rollout_ref.rollout.multi_turn.enable_python_tool": True})
+    cfg = load_config(RLConfig, None, [], flags=flags | {"actor_rollout_ref.rollout.multi_turn.enable_python_tool": True,
+                                                         "actor_rollout_ref.rollout.multi_turn.isolation": "none"})
     assert cfg.actor_rollout_ref.rollout.multi_turn.tools == ["calculator", "python"]
+
+
+PYTHON_TOOL = {"actor_rollout_ref.model.path": "m", "data.train_files": ["t.parquet"], "actor_rollout_ref.rollout.n": 2,
+               "actor_rollout_ref.rollout.multi_turn.enable": True,
+               "actor_rollout_ref.rollout.multi_turn.tools": ["python"],
+               "actor_rollout_ref.rollout.multi_turn.enable_python_tool": True}
+# what bubblewrap 0.8 prints where the kernel refuses unprivileged user namespaces
+NO_USERNS = ("bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
+             "non-privileged user namespaces. On e.g. debian this can be enabled with "
+             "'sysctl kernel.unprivileged_userns_clone=1'.")
+
+
+@pytest.mark.parametrize(("bwrap_script", "needles"), [
+    (None, ["bubblewrap, which is not installed", "apt-get install bubblewrap"]),
+    (f"#!/bin/sh\necho \"{NO_USERNS}\" >&2\nexit 1\n", ["cannot start", "unprivileged user namespaces",
+                                                          "sysctl -w kernel.unprivileged_userns_clone=1"]),
+])
+def test_the_python_tool_is_refused_where_bwrap_cannot_run(monkeypatch, bwrap_script, needles):
+    """Before anything starts, one line naming the fix; isolation=none is the explicit way out."""
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+    from alignctl.errors import UserError
+    from alignctl.tools.bwrap import isolation_problem
+
+    import shutil
+    import tempfile
+
+    bin_dir = Path(tempfile.mkdtemp(prefix="fake-bwrap-"))  # not under pytest's 0700 folders: root runs bwrap as nobody
+    bin_dir.chmod(0o755)
+    if bwrap_script is not None:  # a bwrap that fails as the real one does without user namespaces
+        (bin_dir / "bwrap").write_text(bwrap_script)
+        (bin_dir / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    isolation_problem.cache_clear()
+    try:
+        with pytest.raises(UserError) as info:
+            load_config(RLConfig, None, [], flags=PYTHON_TOOL)
+        message = str(info.value)
+        assert "\n" not in message and message.startswith("key 'actor_rollout_ref.rollout.multi_turn.isolation': ")
+        assert all(n in message for n in needles) and "multi_turn.isolation=none" in message, message
+        load_config(RLConfig, None, [], flags=PYTHON_TOOL | {"actor_rollout_ref.rollout.multi_turn.isolation": "none"})
+        # and a run that skipped the check gets the same reason as the tool's answer, nothing runs
+        assert run_python("print(1)").startswith("error: the python tool")
+    finally:
+        isolation_problem.cache_clear()
+        shutil.rmtree(bin_dir)
 
 
 # ------------------------------------------------------------------------------ chat templates

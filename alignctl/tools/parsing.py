@@ -110,7 +110,7 @@ def _fence_end(text: str, opener: re.Match[str]) -> int:
 def _read_call(text: str, start: int) -> tuple[ToolCall, int]:
     """The call whose JSON begins at ``start`` (after whitespace), and where its block ends."""
     begin = _skip_space(text, start)
-    payload, end = _decode_object(text, begin, f"the JSON in {OPEN}")
+    payload, end = _decode_object(text, begin, OPEN)
     after = _skip_space(text, end)
     if not text.startswith(CLOSE, after):
         if after >= len(text):
@@ -142,7 +142,7 @@ def _decode_object(text: str, begin: int, what: str) -> tuple[dict[str, Any], in
     if not text.startswith("{", begin):
         if begin >= len(text):
             raise _Malformed(f"a {OPEN} is not closed with {CLOSE}")
-        raise _Malformed(f"{what} must be a JSON object starting with {{")
+        raise _Malformed(f"expected a JSON object in {what}")
     end = _object_end(text, begin, what)
     try:  # depth bounded by the scan, so the recursive decoder cannot overflow
         value, stop = _DECODER.raw_decode(text, begin)
@@ -161,25 +161,33 @@ def _object_end(text: str, begin: int, what: str) -> int:
     while (found := _BRACKET_OR_QUOTE.search(text, pos)) is not None:
         char, pos = found.group(), found.end()
         if char == '"':
-            pos = _string_end(text, pos)
+            pos = _string_end(text, pos, what)
         elif char in "[{":
             stack.append("]" if char == "[" else "}")
             if len(stack) > MAX_DEPTH:
-                raise _Malformed(f"{what} nests deeper than {MAX_DEPTH} levels")
+                raise _Malformed(f"the JSON in {what} nests deeper than {MAX_DEPTH} levels")
         elif not stack or stack.pop() != char:
             raise _Malformed(f"malformed JSON in {what}: unbalanced {char!r} at character {pos - 1 - begin}")
         if not stack:
             return pos
-    raise _Malformed(f"a {OPEN} is not closed with {CLOSE}")
+    raise _unclosed(text, begin, what, "an object or array is not closed")
 
 
-def _string_end(text: str, pos: int) -> int:
+def _string_end(text: str, pos: int, what: str) -> int:
     """Index after the quote closing the JSON string whose body starts at ``pos``."""
     while (found := _QUOTE_OR_BACKSLASH.search(text, pos)) is not None:
         if found.group() == '"':
             return found.end()
         pos = found.end() + 1  # skip the escaped character
-    raise _Malformed(f"a {OPEN} is not closed with {CLOSE}")
+    raise _unclosed(text, pos, what, "a string is not terminated")
+
+
+def _unclosed(text: str, begin: int, what: str, why: str) -> _Malformed:
+    """The JSON ran to the end of the text: a broken call when a closing tag came after it (the
+    model closed the block, not the JSON), an unclosed call when none did."""
+    if text.find(CLOSE, begin) >= 0:
+        return _Malformed(f"malformed JSON in {what}: {why}")
+    return _Malformed(f"a {OPEN} is not closed with {CLOSE}")
 
 
 def _skip_space(text: str, pos: int) -> int:
