@@ -12,7 +12,7 @@ import pytest
 from alignctl.eval import stats
 from alignctl.eval.accuracy import rule_accuracy
 from alignctl.eval.data import PromptRow
-from alignctl.rewards.registry import default_vote_keys
+from alignctl.rewards.rule_scorers import default_vote_keys
 
 
 def _logit(p: float) -> float:

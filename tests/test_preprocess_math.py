@@ -14,7 +14,7 @@ from alignctl.config.preprocess import PreprocessConfig
 from alignctl.data.preprocess import PreprocessReport, run_preprocess
 from alignctl.data.preprocess.math import INSTRUCTION
 from alignctl.errors import UserError
-from alignctl.rewards.math import BoxError, last_boxed
+from alignctl.rewards.math_scorer import BoxError, last_boxed
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 

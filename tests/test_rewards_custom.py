@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from alignctl.errors import UserError
-from alignctl.rewards.custom import RewardFunction, Score, check_score, load_reward_function
+from alignctl.rewards.reward_function import RewardFunction, Score, check_score, load_reward_function
 
 
 def _write(tmp_path: Path, text: str, name: str = "reward.py") -> Path:

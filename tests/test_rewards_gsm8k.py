@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from alignctl.errors import UserError
-from alignctl.rewards import gsm8k
-from alignctl.rewards.registry import answer_format_share, default_compute_score, scorer_name
+from alignctl.rewards import gsm8k_scorer as gsm8k
+from alignctl.rewards.rule_scorers import answer_format_share, default_compute_score, scorer_name
 
 
 def _test_rows(shared_data: Path) -> list[dict[str, str]]:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from alignctl.rewards import math as math_scorer
+from alignctl.rewards import math_scorer
 from alignctl.rewards.pool import collect_failures
-from alignctl.rewards.registry import default_compute_score
+from alignctl.rewards.rule_scorers import default_compute_score
 
 TIMEOUT_S = 1.5
 # Killing the worker, reaping it and starting its successor takes milliseconds; thread hand-off
@@ -145,7 +145,7 @@ def _ray_adversarial_task(ray: Any) -> Any:
         import threading as th
         import time as tm
 
-        from alignctl.rewards import math as scorer
+        from alignctl.rewards import math_scorer as scorer
 
         scorer.warm_up()
         before = scorer.timeout_count()  # Ray may reuse a worker process between tasks

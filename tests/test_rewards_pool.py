@@ -113,7 +113,7 @@ def test_workers_die_with_a_killed_parent() -> None:
 def test_import_alignctl_rewards_stays_light() -> None:
     heavy = ("torch", "transformers", "ray", "vllm", "deepspeed", "math_verify", "sympy")
     code = (
-        "import sys, alignctl.rewards, alignctl.rewards.math, alignctl.rewards.managers;"
+        "import sys, alignctl.rewards, alignctl.rewards.math_scorer, alignctl.rewards.managers;"
         f"print([m for m in {heavy!r} if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)

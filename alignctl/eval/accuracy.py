@@ -3,7 +3,7 @@
 Each response is scored with the default rule scorer of its row's ``data_source`` (GSM8K / arith
 ``#### N``, MATH via math-verify); a response is correct when it gets the full score 1. For maj@k
 the responses vote with their final answer, grouped by the scorer's own equivalence
-(:func:`alignctl.rewards.registry.default_vote_keys`): the GSM8K number as a Decimal (so ``1800``,
+(:func:`alignctl.rewards.rule_scorers.default_vote_keys`): the GSM8K number as a Decimal (so ``1800``,
 ``1,800.0`` and ``$1800`` vote together) or, for math sources, the last ``\\boxed{}`` compared by
 math-verify (so ``\\frac{1}{2}``, ``1/2`` and ``0.5`` vote together).
 """
@@ -19,7 +19,7 @@ from alignctl.eval.stats import accuracy_table
 
 def scorer_for(data_source: str) -> str | None:
     """``"gsm8k"`` / ``"math"``, or None when no rule scorer knows the source."""
-    from alignctl.rewards.registry import scorer_name
+    from alignctl.rewards.rule_scorers import scorer_name
 
     try:
         return scorer_name(data_source)
@@ -33,7 +33,7 @@ def rule_accuracy(rows: Sequence[PromptRow], texts: Sequence[Sequence[str]]
     per-prompt correctness (None where the row has no ground truth or no known scorer)).
 
     ``"all"`` is added when more than one data source was scored."""
-    from alignctl.rewards.registry import default_compute_score, default_vote_keys
+    from alignctl.rewards.rule_scorers import default_compute_score, default_vote_keys
 
     correct: list[list[bool] | None] = []
     by_source: dict[str, tuple[list[list[bool]], list[list[Hashable | None]]]] = {}

@@ -96,7 +96,7 @@ def _check_rows(rows: list[dict[str, Any]], name: str, prompt_key: str, default_
                                 f"custom_reward_function.path)")
         sources.add(str(row.get("data_source")))
     if default_scorer:
-        from alignctl.rewards.registry import scorer_name
+        from alignctl.rewards.rule_scorers import scorer_name
 
         for source in sorted(sources):
             try:

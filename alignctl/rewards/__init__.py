@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alignctl.rewards.custom import RewardFunction, check_score, load_reward_function
-from alignctl.rewards.registry import default_compute_score, scorer_name
+from alignctl.rewards.reward_function import RewardFunction, check_score, load_reward_function
+from alignctl.rewards.rule_scorers import default_compute_score, scorer_name
 
 _LAZY = {
     "RewardInputs": "alignctl.rewards.managers",

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from alignctl.registries import Registry
 from alignctl.errors import UserError
-from alignctl.rewards.custom import Score, check_score, describe_function
+from alignctl.rewards.reward_function import Score, check_score, describe_function
 from alignctl.rewards.pool import CallResult, ScoringPool, collect_failures
-from alignctl.rewards.registry import default_compute_score
+from alignctl.rewards.rule_scorers import default_compute_score
 
 if TYPE_CHECKING:
     import torch
@@ -218,7 +218,7 @@ class RewardManager:
 
     def _pool(self, max_workers: int) -> ScoringPool:
         if self._scoring_pool is None:
-            preload = ["alignctl.rewards.registry", "alignctl.rewards.custom"]
+            preload = ["alignctl.rewards.rule_scorers", "alignctl.rewards.reward_function"]
             if getattr(self.compute_score, "func", None) in (default_compute_score, default_batch_compute_score):
                 preload.append("math_verify")
             self._scoring_pool = ScoringPool(max_workers, preload=preload, warm=(self.compute_score,))

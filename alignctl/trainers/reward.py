@@ -15,9 +15,9 @@ import torch
 from alignctl.batch import Batch
 from alignctl.config.rl import RLConfig
 from alignctl.models.loading import last_token_index
-from alignctl.rewards.custom import load_reward_function
+from alignctl.rewards.reward_function import load_reward_function
 from alignctl.rewards.managers import REWARD_MANAGERS, RewardInputs, build_reward_manager
-from alignctl.rewards.registry import answer_format_share
+from alignctl.rewards.rule_scorers import answer_format_share
 
 
 def manager_options(cfg: RLConfig, name: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Metric names follow verl: ``val-core/<data_source>/acc/mean@N`` (mean score over all N samples of
 every prompt), and with N > 1 also ``best@N`` (mean over prompts of the best sample's score) and
 ``maj@N`` (score of the majority-voted answer, for sources with a default rule scorer; answers vote
-by that scorer's equivalence, :func:`alignctl.rewards.registry.default_vote_keys`, as in eval).
+by that scorer's equivalence, :func:`alignctl.rewards.rule_scorers.default_vote_keys`, as in eval).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from alignctl.data.rl_dataset import to_batch
 from alignctl.errors import UserError
 from alignctl.eval.stats import majority_index
-from alignctl.rewards.registry import default_vote_keys
+from alignctl.rewards.rule_scorers import default_vote_keys
 
 
 def _padded(rows: list[dict[str, Any]], multiple: int) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 Each input row has ``problem`` and ``solution`` (optionally ``level`` and ``type``); the ground
 truth is the content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in the solution, found by
 real brace matching so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}`` and ``\\boxed{\\{1,2\\}}``
-gives ``\\{1,2\\}`` (:func:`alignctl.rewards.math.last_boxed`, shared with eval's answer votes). Prompt and data_source follow verl's
+gives ``\\{1,2\\}`` (:func:`alignctl.rewards.math_scorer.last_boxed`, shared with eval's answer votes). Prompt and data_source follow verl's
 ``math_dataset.py``. An empty or whitespace-only problem or solution is a bad row (the
 instruction alone is not a problem).
 """
@@ -15,7 +15,7 @@ from typing import Any
 from alignctl.data.preprocess.common import Context
 from alignctl.data.readers import Record, read_records, split_files
 from alignctl.data.schema import user
-from alignctl.rewards.math import BoxError, last_boxed
+from alignctl.rewards.math_scorer import BoxError, last_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

@@ -28,26 +28,26 @@ MATH_SOURCE_EXAMPLES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", 
 
 
 def _gsm8k_score(solution_str: str, ground_truth: Any, timeout_s: float | None) -> float:
-    from alignctl.rewards import gsm8k
+    from alignctl.rewards import gsm8k_scorer as gsm8k
 
     return gsm8k.compute_score(solution_str, str(ground_truth), method="strict")
 
 
 def _gsm8k_votes(responses: Sequence[str], timeout_s: float | None) -> list[Hashable | None]:
-    from alignctl.rewards.gsm8k import extract_answer, parse_number
+    from alignctl.rewards.gsm8k_scorer import extract_answer, parse_number
 
     answers = [extract_answer(text, "strict") for text in responses]
     return [parse_number(a) if a is not None else None for a in answers]
 
 
 def _math_score(solution_str: str, ground_truth: Any, timeout_s: float | None) -> float:
-    from alignctl.rewards import math as math_scorer
+    from alignctl.rewards import math_scorer
 
     return math_scorer.compute_score(solution_str, str(ground_truth), timeout_s=timeout_s)
 
 
 def _math_votes(responses: Sequence[str], timeout_s: float | None) -> list[Hashable | None]:
-    from alignctl.rewards import math as math_scorer
+    from alignctl.rewards import math_scorer
 
     return list(math_scorer.vote_keys(responses, timeout_s=timeout_s))
 
@@ -97,7 +97,7 @@ def default_compute_score(
     math_timeout_s: float | None = None,
 ) -> float:
     """verl-signature scorer dispatching on ``data_source``. ``math_timeout_s`` bounds one math
-    verification (default ``alignctl.rewards.math.DEFAULT_TIMEOUT_S``)."""
+    verification (default ``alignctl.rewards.math_scorer.DEFAULT_TIMEOUT_S``)."""
     del extra_info  # part of the signature; the rule scorers do not need it
     return rule_scorer(data_source).score(solution_str, ground_truth, math_timeout_s)
 
@@ -106,7 +106,7 @@ def answer_format_share(data_sources: Sequence[str], responses: Sequence[str]) -
     """Share of the responses to GSM8K-family prompts (gsm8k, arith) that end in a parseable
     ``#### N``, right or wrong: the format curve that the strict reward (format counts only
     together with correctness) keeps apart from accuracy. None when no prompt is of that family."""
-    from alignctl.rewards.gsm8k import extract_answer
+    from alignctl.rewards.gsm8k_scorer import extract_answer
 
     formatted = [extract_answer(text, "strict") is not None
                  for source, text in zip(data_sources, responses) if source in GSM8K_SOURCES]
@@ -117,6 +117,6 @@ def default_vote_keys(data_source: str, responses: Sequence[str], *,
                       math_timeout_s: float | None = None) -> list[Hashable | None]:
     """The final answer each response votes with in maj@k, keyed so that answers the default
     scorer treats as equal get equal keys (None: no answer, no vote). GSM8K: the strict ``#### N``
-    number as a Decimal; MATH: :func:`alignctl.rewards.math.vote_keys` (math-verify equivalence).
+    number as a Decimal; MATH: :func:`alignctl.rewards.math_scorer.vote_keys` (math-verify equivalence).
     UserError for a source without a default scorer, as :func:`default_compute_score`."""
     return rule_scorer(data_source).vote_keys(responses, math_timeout_s)

@@ -138,7 +138,7 @@ def shared_pool() -> ScoringPool:
         if _POOL is None:
             _POOL = ScoringPool(
                 max_workers=max(1, min(4, os.cpu_count() or 1)),
-                preload=("math_verify", "alignctl.rewards.math"),
+                preload=("math_verify", "alignctl.rewards.math_scorer"),
                 memory_limit_mb=WORKER_MEMORY_LIMIT_MB,
             )
         return _POOL
