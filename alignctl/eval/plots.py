@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 
-from alignctl.eval.curves import ALARM_PANEL, Series
+from alignctl.eval.curves import ALARM_PANEL, PANELS, Panel, Series
 
 POLICY_COLOR = "#2563eb"
 REFERENCE_COLOR = "#f59e0b"
@@ -67,18 +67,26 @@ def length_vs_reward(policy_len: np.ndarray, policy_reward: np.ndarray, referenc
     return _png(fig)
 
 
-def _draw_panel(ax: object, group: dict[str, Series]) -> None:
-    """Lines per key; the reward quantiles p10..p90 are drawn as a shaded band behind the lines."""
+def _informative_band(low: Series, high: Series) -> bool:
+    """A p10-p90 band says something unless the quantiles only ever sit on two values (a right/wrong
+    reward: p10 and p90 are then its two values at almost every step, a band from 0 to 1)."""
+    return len({v for _, v in low} | {v for _, v in high}) > 2
+
+
+def _draw_panel(ax: object, panel: Panel, group: dict[str, Series]) -> None:
+    """Lines per key, labelled for a reader; the reward quantiles p10..p90 as a shaded band behind
+    the lines when the band is informative (else p10/p90 are left out)."""
     low, high = group.get("reward/p10"), group.get("reward/p90")
-    if low and high and [s for s, _ in low] == [s for s, _ in high]:
-        ax.fill_between([s for s, _ in low], [v for _, v in low], [v for _, v in high],  # type: ignore[attr-defined]
-                        color=POLICY_COLOR, alpha=0.15, label="reward p10-p90")
+    quantiles = bool(low and high and [s for s, _ in low] == [s for s, _ in high])
+    if quantiles and _informative_band(low, high):  # type: ignore[arg-type]
+        ax.fill_between([s for s, _ in low], [v for _, v in low], [v for _, v in high],  # type: ignore[attr-defined,union-attr]
+                        color=POLICY_COLOR, alpha=0.15, label="p10-p90 of the rewards")
     for key, points in group.items():
-        if low and high and key in ("reward/p10", "reward/p90"):
+        if quantiles and key in ("reward/p10", "reward/p90"):
             continue
         steps, values = zip(*points)
         ax.plot(steps, values, marker="o" if len(points) < 20 else None, markersize=3,  # type: ignore[attr-defined]
-                linewidth=1.4, label=key, linestyle="--" if key == "reward/p50" else "-")
+                linewidth=1.4, label=panel.label(key), linestyle="--" if key == "reward/p50" else "-")
 
 
 def _mark_alarms(ax: object, alarms: dict[str, Series]) -> None:
@@ -90,7 +98,12 @@ def _mark_alarms(ax: object, alarms: dict[str, Series]) -> None:
 
 
 def training_curves(panels: list[tuple[str, dict[str, Series]]]) -> bytes:
-    """One small panel per group of run metrics, two columns; monitor alarms mark every panel."""
+    """One small panel per group of run metrics (titles from :data:`~alignctl.eval.curves.PANELS`),
+    two columns, each with its y-axis label, whole-number steps and readable legend entries;
+    monitor alarms mark every panel."""
+    from matplotlib.ticker import MaxNLocator
+
+    by_title = {panel.title: panel for panel in PANELS}
     alarms = {k: v for title, group in panels if title == ALARM_PANEL for k, v in group.items()}
     panels = [(title, group) for title, group in panels if title != ALARM_PANEL]
     cols = 2 if len(panels) > 1 else 1
@@ -98,10 +111,13 @@ def training_curves(panels: list[tuple[str, dict[str, Series]]]) -> bytes:
     fig = _figure(6.4 * cols / 1.4, 2.6 * rows)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False).ravel())  # type: ignore[attr-defined]
     for ax, (title, group) in zip(axes, panels):
-        _draw_panel(ax, group)
+        panel = by_title.get(title, Panel(title))
+        _draw_panel(ax, panel, group)
         _mark_alarms(ax, alarms)
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
+        ax.set_xlabel("training step", fontsize=8)
+        ax.set_ylabel(panel.ylabel, fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.tick_params(labelsize=8)
         ax.legend(fontsize=7, frameon=False)
     for ax in axes[len(panels):]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from alignctl.eval import plots
-from alignctl.eval.curves import PANELS
+from alignctl.eval.curves import PANELS, panel_keys
+from alignctl.eval.report_summary import accuracy_change, choose_samples, verdict
 from alignctl.eval.results import EvalResults
 from alignctl.templating import template_environment
 
@@ -48,8 +48,7 @@ def make_plots(results: EvalResults) -> dict[str, bytes]:
     if results.curves:
         panels = []
         for panel in PANELS:
-            keys = [k for k in results.curves if k in panel.keys or (panel.pattern and re.match(panel.pattern, k))]
-            if keys:
+            if keys := panel_keys(panel, results.curves):
                 panels.append((panel.title, {k: [tuple(p) for p in results.curves[k]] for k in keys}))
         out["training_curves"] = plots.training_curves(panels)  # type: ignore[arg-type]
     return out
@@ -58,24 +57,11 @@ def make_plots(results: EvalResults) -> dict[str, bytes]:
 # --------------------------------------------------------------------------------- context
 
 
-def report_samples(results: EvalResults, limit: int, seed: int) -> list[dict[str, Any]]:
-    """A seeded random choice of ``limit`` prompts (in prompt order) with their first sample of
-    each model, and which one the reward model preferred."""
-    count = min(limit, len(results.samples))
-    chosen = sorted(np.random.default_rng(seed).choice(len(results.samples), size=count, replace=False).tolist())
-    out = []
-    for i in chosen:
-        sample = results.samples[i]
-        policy, reference = sample["policy"][0], (sample.get("reference") or [None])[0]
-        verdict = None
-        if reference is not None and policy["reward"] is not None and reference["reward"] is not None:
-            verdict = "win" if policy["reward"] > reference["reward"] else "tie" if policy["reward"] == reference["reward"] else "loss"
-        out.append({**sample, "policy_first": policy, "reference_first": reference, "verdict": verdict})
-    return out
-
-
 def build_context(results: EvalResults, images: dict[str, bytes]) -> dict[str, Any]:
     cfg = results.config
+    change = accuracy_change(results.samples, num_bootstrap=int(cfg.get("num_bootstrap", 1000)),
+                             seed=int(cfg.get("seed", 0)))
+    choice = choose_samples(results, int(cfg.get("max_samples_in_report", 20)))
     sampling = (f"sampled, temperature {cfg.get('temperature')}, top-p {cfg.get('top_p')}, seed {cfg.get('seed')}"
                 if cfg.get("do_sample") else "greedy")
     reward_rows = []
@@ -94,7 +80,10 @@ def build_context(results: EvalResults, images: dict[str, bytes]) -> dict[str, A
         "accuracy_metrics": sorted({m for t in results.accuracy.values() for m in t if m != "num_prompts"},
                                    key=lambda m: (m.split("@")[0] != "pass", int(m.split("@")[1]))),
         "images": {name: base64.b64encode(png).decode("ascii") for name, png in images.items()},
-        "samples": report_samples(results, int(cfg.get("max_samples_in_report", 20)), int(cfg.get("seed", 0))),
+        "samples": choice.samples,
+        "samples_how": choice.how,
+        "change": change,
+        "verdict": verdict(results, change),
     }
 
 
