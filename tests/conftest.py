@@ -85,8 +85,7 @@ def assert_user_error(result: CliResult, *needles: str) -> None:
         assert needle in lines[0], (needle, lines[0])
 
 
-@pytest.fixture(scope="session")
-def tool_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def _shared_tool_model(tmp_path_factory: pytest.TempPathFactory, name: str, **kwargs: object) -> dict[str, Path]:
     """A tiny model fitted to tool-use traces (tests/tool_helpers.py), built once per test run: under
     pytest-xdist the worker that comes first builds it in the run's shared temp folder (the parent of
     each worker's own) while the others wait on a file lock, instead of each fitting its own (~80 s)."""
@@ -96,13 +95,24 @@ def tool_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent
-    root, complete = shared / "tool-model-shared", shared / "tool-model-shared.complete"
-    with FileLock(str(shared / "tool-model-shared.lock")):
+    root, complete = shared / f"{name}-shared", shared / f"{name}-shared.complete"
+    with FileLock(str(shared / f"{name}-shared.lock")):
         if not complete.exists():
             shutil.rmtree(root, ignore_errors=True)  # a half-built folder of a worker that crashed
-            built = make_tool_model(root)
+            built = make_tool_model(root, **kwargs)
             complete.write_text(json.dumps({k: str(v) for k, v in built.items()}), encoding="utf-8")
     return {k: Path(v) for k, v in json.loads(complete.read_text(encoding="utf-8")).items()}
+
+
+@pytest.fixture(scope="session")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _shared_tool_model(tmp_path_factory, "tool-model")
+
+
+@pytest.fixture(scope="session")
+def tool_model_64(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same traces on a model with head_dim 64, which vLLM's CPU attention kernel takes (not 16)."""
+    return _shared_tool_model(tmp_path_factory, "tool-model-64", hidden=128, heads=2)
 
 
 @pytest.fixture

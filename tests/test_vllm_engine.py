@@ -21,14 +21,6 @@ pytestmark = pytest.mark.vllm
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [20], [30, 31, 32, 33]]
 
 
-@pytest.fixture(scope="module")
-def tool_model_64(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny tool-trace model (tests/tool_helpers.py) with head_dim 64, which vLLM's CPU kernel takes."""
-    from tool_helpers import make_tool_model
-
-    return make_tool_model(tmp_path_factory.mktemp("tool_model_64"), hidden=128, heads=2)
-
-
 def _tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     # head_dim 64: the CPU attention kernel refuses 16. Untied head, so every tensor is its own.

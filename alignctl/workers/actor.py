@@ -71,7 +71,7 @@ class ActorRolloutRefWorker:
         )
         start = time.perf_counter()
         self.rollout.wake()
-        self._sync_rollout_weights(prompts["prompt_ids"][0], meta.get("global_step", 0))
+        self._sync_rollout_weights(prompts["prompt_ids"][0], meta.get("global_step", 0) + 1)  # the step it serves
         with autocast(self.ctx.device, self.rollout_precision):
             out = self.rollout.generate(prompts["prompt_ids"], params)
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
