@@ -320,3 +320,22 @@ def test_read_pairs_strings_and_blank_messages(tmp_path: Path) -> None:
     blank.to_parquet(tmp_path / "blank.parquet")
     texts, _ = read_pairs(str(tmp_path / "blank.parquet"))
     assert checks.empty_fields(texts) == {0: ["prompt"]}
+
+
+def test_a_finding_on_every_row_is_its_count_and_a_few_examples(arith: Path, tmp_path: Path) -> None:
+    """Audited against itself, every row leaks: the page gives the count and the first 5 rows of that
+    check, and says where the rest are; flagged.jsonl has every row."""
+    from alignctl.audit.report import EXAMPLES_PER_CHECK
+
+    data = arith / "pref_train.parquet"
+    run_audit(AuditOptions(data=str(data), test=str(data), out=str(tmp_path / "audit")))
+    summary, flagged = _outputs(tmp_path / "audit")
+    rows = summary["rows"]
+    assert summary["checks"]["test_leakage"]["flagged"] == rows > EXAMPLES_PER_CHECK
+    assert sum(any(r["check"] == "test_leakage" for r in record["reasons"]) for record in flagged) == rows
+    html = (tmp_path / "audit" / "report.html").read_text()
+    section = html[html.index("<h3>test_leakage"):]
+    section = section[: section.index("</table>")]
+    assert f"test_leakage: {rows} of {rows} rows (100.0%)" in section
+    assert section.count('<tr><td class="num">') == EXAMPLES_PER_CHECK
+    assert f"the other {rows - EXAMPLES_PER_CHECK} are in flagged.jsonl" in section

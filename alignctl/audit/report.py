@@ -17,7 +17,7 @@ from alignctl.audit.checks import PairText, finite_or_none
 
 HTML_TEMPLATE = "audit.html.j2"
 SNIPPET_CHARS = 300  # of each text in flagged.jsonl / the HTML page; the row index finds the rest
-HTML_ROWS = 200  # flagged rows shown on the page (all of them are in flagged.jsonl)
+EXAMPLES_PER_CHECK = 5  # flagged rows the page shows for each check (all of them are in flagged.jsonl)
 
 
 @dataclass
@@ -120,9 +120,24 @@ def write_report(result: AuditResult, folder: str | Path) -> None:
     with (folder / "flagged.jsonl").open("w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    html = template_environment(True).get_template(HTML_TEMPLATE).render(s=summary, records=records[:HTML_ROWS],
-                                                                 total_flagged=len(records))
+    html = template_environment(True).get_template(HTML_TEMPLATE).render(
+        s=summary, findings=findings(result, records), total_flagged=len(records), examples=EXAMPLES_PER_CHECK)
     (folder / "report.html").write_text(html, encoding="utf-8")
+
+
+def findings(result: AuditResult, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per check that flagged rows: its name, rule, count, share and its first
+    :data:`EXAMPLES_PER_CHECK` flagged records (a finding on every row reads as its count and a few
+    examples, not a page of rows)."""
+    by_row = {record["row"]: record for record in records}
+    out = []
+    for check in result.checks:
+        if check.rows:
+            rows = sorted(check.rows)
+            out.append({"name": check.name, "rule": check.rule, "blocking": check.blocking, "flagged": len(rows),
+                        "share": len(rows) / max(result.rows, 1),
+                        "examples": [{**by_row[i], "detail": check.rows[i]} for i in rows[:EXAMPLES_PER_CHECK]]})
+    return out
 
 
 def summary_rows(result: AuditResult) -> list[list[Any]]:
