@@ -8,14 +8,15 @@ What the sandboxed process gets (everything else of the host is absent, not just
 - a private writable ``/tmp`` (tmpfs of ``SCRATCH_BYTES``), its working folder; no host /tmp,
   home, project, run folder or ``$ALIGNCTL_HOME`` (so no checkpoint key);
 - fresh ``/proc`` and ``/dev`` of a new PID namespace: it sees only its own processes;
-- new user, network (loopback only, down), IPC, UTS and cgroup namespaces; no capabilities; a new
+- new user, network (a loopback device only), IPC, UTS and cgroup namespaces; no capabilities; a new
   session (no terminal to inject into); an empty environment but HOME, TMPDIR, LANG and PATH;
 - ``--die-with-parent``: when bwrap is killed, the namespace's first process gets SIGKILL and the
   kernel kills every other process of the namespace with it, so nothing outlives the call.
 
 When alignctl runs as root, bwrap runs as ``nobody`` (65534): the sandboxed processes are then
-counted against RLIMIT_NPROC (the kernel exempts root) and own nothing on the host. The mount
-sources are passed as open descriptors, so ``nobody`` needs no search right on e.g. /root.
+counted against RLIMIT_NPROC (the kernel exempts root) and own nothing on the host. An interpreter
+``nobody`` cannot reach (pyenv's under /root, mode 700) is shown from a hard-linked copy in a
+root-owned folder everyone can read (``SHARED_RUNTIMES``), made once per interpreter build.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
-import stat
 import sysconfig
 import tempfile
 from dataclasses import dataclass
@@ -68,31 +69,16 @@ class Runtime:
         return cls(interpreter, stdlib, os.path.realpath(libpython) if libpython else None)
 
 
-class Mounts:
-    """bwrap's mount arguments with every source an open O_PATH descriptor (closed by ``close``)."""
-
-    def __init__(self) -> None:
-        self.args: list[str] = []
-        self.fds: list[int] = []
-
-    def ro(self, source: str, dest: str | None = None) -> None:
-        fd = os.open(source, os.O_PATH | os.O_CLOEXEC)
-        self.fds.append(fd)
-        self.args += ["--ro-bind-fd", str(fd), dest or source]
-
-    def system_libraries(self) -> None:
-        for path in SYSTEM_LIBRARIES:
-            if os.path.islink(path):  # merged /usr: /lib -> usr/lib
-                self.args += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                self.ro(path)
-        if os.path.isfile("/etc/ld.so.cache"):
-            self.ro("/etc/ld.so.cache")
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+def _system_library_mounts() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM_LIBRARIES:
+        if os.path.islink(path):  # merged /usr: /lib -> usr/lib
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    if os.path.isfile("/etc/ld.so.cache"):
+        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    return args
 
 
 def bwrap_path() -> str | None:
@@ -140,7 +126,9 @@ def _shared_copy(runtime: Runtime) -> Runtime:
     return copy
 
 
-def _mount_runtime(mounts: Mounts, runtime: Runtime) -> None:
+def _runtime_mounts(runtime: Runtime) -> list[str]:
+    """Bind the interpreter, stdlib and libpython at their own paths (the interpreter finds its
+    stdlib and libpython by them), from root's shared copy when nobody could not reach them."""
     sources = runtime
     if os.geteuid() == 0 and not all(_reachable_by_others(p) for p in (runtime.interpreter, runtime.libpython)
                                      if p is not None):
@@ -148,37 +136,29 @@ def _mount_runtime(mounts: Mounts, runtime: Runtime) -> None:
     pairs = [(sources.interpreter, runtime.interpreter), (sources.stdlib, runtime.stdlib)]
     if runtime.libpython and sources.libpython:
         pairs.append((sources.libpython, runtime.libpython))
+    args: list[str] = []
     for source, dest in pairs:
         # under /usr/lib already for a system Python; a pyenv / uv / conda one lives elsewhere
         if source != dest or not any(dest.startswith(lib + os.sep) for lib in _library_dirs()):
-            mounts.ro(source, dest)
-    mounts.args += [arg for name in STDLIB_LEFT_OUT if os.path.isdir(os.path.join(sources.stdlib, name))
-                    for arg in ("--tmpfs", os.path.join(runtime.stdlib, name))]
+            args += ["--ro-bind", source, dest]
+    return args + [arg for name in STDLIB_LEFT_OUT if os.path.isdir(os.path.join(sources.stdlib, name))
+                   for arg in ("--tmpfs", os.path.join(runtime.stdlib, name))]
 
 
 def _library_dirs() -> list[str]:
     return [lib for lib in SYSTEM_LIBRARIES if os.path.isdir(lib) and not os.path.islink(lib)]
 
 
-def sandbox_command(runtime: Runtime, argv: list[str]) -> tuple[list[str], Mounts]:
-    """(the bwrap command line running ``argv`` (argv[0] is the interpreter), its open mount
-    descriptors: pass them to the child, then ``close``)."""
-    mounts = Mounts()
-    try:
-        mounts.system_libraries()
-        _mount_runtime(mounts, runtime)
-    except OSError:
-        mounts.close()
-        raise
-    command = [bwrap_path() or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
-               "--hostname", "sandbox", "--clearenv",
-               "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
-               "--setenv", "PATH", "/usr/bin:/bin", *mounts.args,
-               "--proc", "/proc", "--dev", "/dev", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp",
-               "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-               # the root and /dev are tmpfs without a size: read-only, so that only the sized ones take writes
-               "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--", *argv]
-    return command, mounts
+def sandbox_command(runtime: Runtime, argv: list[str]) -> list[str]:
+    """The bwrap command line running ``argv`` (argv[0] is the interpreter) in a sandbox."""
+    return [bwrap_path() or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+            "--hostname", "sandbox", "--clearenv",
+            "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
+            "--setenv", "PATH", "/usr/bin:/bin", *_system_library_mounts(), *_runtime_mounts(runtime),
+            "--proc", "/proc", "--dev", "/dev", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp",
+            "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+            # the root and /dev are tmpfs without a size: read-only, so that only the sized ones take writes
+            "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--", *argv]
 
 
 def popen_identity() -> dict[str, object]:
@@ -206,14 +186,14 @@ def isolation_problem() -> str | None:
     if bwrap_path() is None:
         return f"the python tool runs model-written code in bubblewrap, which is not installed: {FIX_BWRAP}"
     runtime = Runtime.current()
-    command, mounts = sandbox_command(runtime, [runtime.interpreter, "-I", "-S", "-c", "print('ok')"])
     try:
-        done = subprocess.run(command, capture_output=True, timeout=30, pass_fds=mounts.fds, env=BWRAP_ENV,
-                              **popen_identity())
+        command = sandbox_command(runtime, [runtime.interpreter, "-I", "-S", "-c", "print('ok')"])
+    except OSError as exc:  # e.g. root's shared copy of the runtime could not be made
+        return f"the python tool's sandbox could not be prepared ({exc}): {FIX_BWRAP}"
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=30, env=BWRAP_ENV, **popen_identity())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"the python tool's bubblewrap sandbox did not start ({type(exc).__name__}: {exc}): {FIX_BWRAP}"
-    finally:
-        mounts.close()
     if done.returncode == 0 and done.stdout == b"ok\n":
         return None
     said = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]

@@ -109,12 +109,8 @@ def run_python(code: str, *, isolation_mode: str = "bwrap", wall_seconds: float 
             return f"error: {problem}"
         runtime = bwrap.Runtime.current()
         argv = [runtime.interpreter, "-I", "-S", "-B", "-c", BOOTSTRAP, code, *limits, str(MAX_PROCESSES)]
-        command, mounts = bwrap.sandbox_command(runtime, argv)
-        try:
-            got = _capture(command, wall_seconds, pass_fds=tuple(mounts.fds), env=bwrap.BWRAP_ENV,
-                           **bwrap.popen_identity())
-        finally:
-            mounts.close()
+        got = _capture(bwrap.sandbox_command(runtime, argv), wall_seconds, env=bwrap.BWRAP_ENV,
+                       **bwrap.popen_identity())
         return _report(got, wall_seconds, signal_offset=128)  # bwrap exits 128 + signal for a killed snippet
     workdir = tempfile.mkdtemp(prefix="alignctl-tool-")
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
