@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "PPOConfig": "alignctl.api",
     "RLHFTrainer": "alignctl.api",
-    "RewardModelTrainer": "alignctl.trainers.reward_model",
+    "RewardModelTrainer": "alignctl.trainers.rm_trainer",
     "evaluate": "alignctl.eval",
 }
 

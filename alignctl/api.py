@@ -26,7 +26,7 @@ from alignctl.console import console
 from alignctl.device import resolve_device
 from alignctl.errors import UserError
 from alignctl.eval import evaluate  # noqa: F401  (re-exported)
-from alignctl.trainers.reward_model import RewardModelTrainer  # noqa: F401  (re-exported)
+from alignctl.trainers.rm_trainer import RewardModelTrainer  # noqa: F401  (re-exported)
 
 
 @dataclass

@@ -244,7 +244,7 @@ def sft(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: Ove
     """Supervised fine-tuning (TRL SFTTrainer, loss on completion tokens) -> HF model folder."""
     from alignctl.config import load_config
     from alignctl.config.sft import SFTConfig
-    from alignctl.trainers.sft import print_sft_report, run_sft
+    from alignctl.trainers.sft_trainer import print_sft_report, run_sft
 
     cfg = load_config(SFTConfig, config, overrides or [])
     _preflight(cfg, overwrite)
@@ -255,8 +255,8 @@ def sft(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: Ove
 def train_rm(config: ConfigOpt = None, overrides: OverridesArg = None, overwrite: OverwriteOpt = False) -> None:
     """Reward-model training on chosen/rejected pairs (TRL RewardTrainer) -> sequence classifier."""
     from alignctl.config import load_config
-    from alignctl.config.reward_model import RewardModelConfig
-    from alignctl.trainers.reward_model import print_rm_report, run_train_rm
+    from alignctl.config.train_rm import RewardModelConfig
+    from alignctl.trainers.rm_trainer import print_rm_report, run_train_rm
 
     cfg = load_config(RewardModelConfig, config, overrides or [])
     _preflight(cfg, overwrite)

@@ -47,8 +47,8 @@ def build_assets(root: Path, pairs: int) -> tuple[Path, Path]:
 
 def train_once(data: Path, model: Path, out: Path, loss: str, epochs: int, seed: int) -> dict[str, Any]:
     from alignctl.config.core import load_config
-    from alignctl.config.reward_model import RewardModelConfig
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.config.train_rm import RewardModelConfig
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     overrides = [f"model.path={model}", f"data.train_files=[{data / 'pref_train.parquet'}]",
                  f"data.val_files=[{data / 'pref_test.parquet'}]", f"output_dir={out}",

@@ -334,7 +334,7 @@ def test_reward_model_built_to_prefer_digits(assets: dict[str, Path], digits_vs_
 def test_saved_reward_statistics_standardise_the_scores(assets: dict[str, Path], digits_vs_letters: EvalResults,
                                                         tmp_path: Path) -> None:
     from alignctl.eval.scoring import RewardScorer
-    from alignctl.trainers import reward_model as rm_stage
+    from alignctl.trainers import rm_trainer as rm_stage
 
     assert (REWARD_MEAN_KEY, REWARD_STD_KEY) == (rm_stage.REWARD_MEAN_KEY, rm_stage.REWARD_STD_KEY)
     normed = tmp_path / "rm_normed"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from alignctl.trainers.checkpoint import complete_checkpoints
+from alignctl.trainers.checkpoint_folders import complete_checkpoints
 from rl_helpers import make_assets
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from alignctl.errors import UserError
-from alignctl.models.microbatch import (
+from alignctl.models.batch_indices import (
     balance_batch,
     dynamic_micro_batches,
     fixed_micro_batches,
@@ -110,7 +110,7 @@ def test_split_and_restore_round_trip() -> None:
 
 
 def test_balance_groups_keeps_each_prompt_group_on_one_rank_and_balances_shared_cost():
-    from alignctl.models.microbatch import balance_groups
+    from alignctl.models.batch_indices import balance_groups
 
     # 4 groups of 2 rows (ids 7, 3, 9, 5), interleaved. Shared cost = prompt once + responses:
     # g7: 10 + 1 + 1 = 12, g3: 2 + 10 + 10 = 22, g9: 10 + 1 + 1 = 12, g5: 2 + 9 + 9 = 20 (by hand).
@@ -128,7 +128,7 @@ def test_balance_groups_keeps_each_prompt_group_on_one_rank_and_balances_shared_
 
 
 def test_balance_groups_declines_uneven_groups():
-    from alignctl.models.microbatch import balance_groups
+    from alignctl.models.batch_indices import balance_groups
 
     assert balance_groups([1, 1, 2], [1, 1, 1], [1, 1, 1], 1) is None  # sizes 2 and 1
     assert balance_groups([1, 1, 2, 2, 3, 3], [1] * 6, [1] * 6, 2) is None  # 3 groups over 2 ranks

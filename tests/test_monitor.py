@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alignctl.monitor import Monitor, Thresholds, response_diversity
-from alignctl.trainers.checkpoint import complete_checkpoints
+from alignctl.trainers.checkpoint_folders import complete_checkpoints
 from conftest import run_cli
 from rl_helpers import make_assets, read_metrics
 

@@ -128,7 +128,7 @@ def test_parked_reward_model_scores_the_same(assets: dict[str, Path], tmp_path: 
     from alignctl.batch import Batch
     from alignctl.models.loading import load_reward_model, load_tokenizer
     from alignctl.workers.worker_process import DistContext
-    from alignctl.workers.reward_model import RewardModelWorker
+    from alignctl.workers.rm_worker import RewardModelWorker
 
     torch.manual_seed(0)  # the fresh score head of a causal-LM folder, saved once for both workers
     load_reward_model(assets["model"]).save_pretrained(tmp_path / "rm")

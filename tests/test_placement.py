@@ -17,7 +17,7 @@ import pytest
 
 from alignctl.errors import UserError
 from alignctl.workers.group import ResourcePool
-from alignctl.workers.placement import check_fit
+from alignctl.workers.pooled_workers import check_fit
 from conftest import assert_user_error, run_cli
 from rl_helpers import make_assets, read_metrics, rl_config
 

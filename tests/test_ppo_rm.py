@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from alignctl.config.core import load_config
-from alignctl.config.reward_model import RewardModelConfig
-from alignctl.trainers.reward_model import run_train_rm
+from alignctl.config.train_rm import RewardModelConfig
+from alignctl.trainers.rm_trainer import run_train_rm
 from alignctl.trainers.rl_trainer import RLTrainer
 from rl_helpers import all_finite, make_assets, read_metrics, rl_config
 

@@ -46,7 +46,7 @@ def test_a_cuda_device_without_cuda_falls_back_to_the_settings_own_name() -> Non
 def test_train_rm_records_the_precision_it_resolved_to(tmp_path: Path) -> None:
     """train-rm with trainer.precision=bf16_if_native on this CPU: TRL gets bf16 exactly when the
     CPU flags list bf16 instructions, and the manifest's train/bf16 says which ran."""
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
     from alignctl.trainers.sft_common import resolve_precision
     from tests.test_reward_model import rm_config
     from tests.test_sft import make_arith_setup

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from alignctl.errors import UserError
-from alignctl.trainers.checkpoint import (LATEST_FILE, STATE_FILE, commit, complete_checkpoints, read_metric_rows,
+from alignctl.trainers.checkpoint_folders import (LATEST_FILE, STATE_FILE, commit, complete_checkpoints, read_metric_rows,
                                           remove_partials, resolve_resume, start_partial, truncate_metrics, write_state)
 from alignctl.trainers.rl_trainer import RLTrainer
 from rl_helpers import make_assets, read_metrics, rl_config

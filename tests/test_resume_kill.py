@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alignctl.trainers.checkpoint import complete_checkpoints
+from alignctl.trainers.checkpoint_folders import complete_checkpoints
 from rl_helpers import make_assets, read_metrics
 
 pytestmark = pytest.mark.slow

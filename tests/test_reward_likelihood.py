@@ -62,7 +62,7 @@ def test_reply_marker_is_the_generation_prompt_and_the_start_follows_its_last_co
 
 @pytest.fixture(scope="module")
 def trained(small: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - RMResult
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model = small
     out = tmp_path_factory.mktemp("likelihood-rm") / "rm"
@@ -116,7 +116,7 @@ def test_the_first_training_loss_is_the_bradley_terry_loss_of_the_start_models_l
     of the untouched start model, averaged over the pairs of the step (reference computed here)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model_dir = small
     cfg = rm_config(model_dir, data / "pref_train.parquet", None, tmp_path / "rm", "score_from=likelihood",
@@ -137,7 +137,7 @@ def test_the_first_training_loss_is_the_bradley_terry_loss_of_the_start_models_l
 
 
 def test_likelihood_needs_a_chat_template(small: tuple[Path, Path], tmp_path: Path) -> None:
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model_dir = small
     plain = tmp_path / "plain"
@@ -173,7 +173,7 @@ def test_zero_steps_keeps_the_start_model_and_reports_its_held_out_accuracy(smal
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model_dir = small
     cfg = rm_config(model_dir, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm",
@@ -199,7 +199,7 @@ def test_zero_steps_scores_under_the_trainers_bf16_autocast(small: tuple[Path, P
     autocast; the held-out pairs must still be scored in bf16 (as a trained model's are, and as eval
     scores them with rm_precision bf16), not in float32. Reference: the trainer's own batches through the
     same model, once under torch.autocast(bf16) (must match exactly) and once without (must differ)."""
-    from alignctl.trainers.reward_model import score_prepared_pairs
+    from alignctl.trainers.rm_trainer import score_prepared_pairs
 
     data, model_dir = small
     cfg = rm_config(model_dir, data / "pref_test.parquet", None, tmp_path / "rm",
@@ -232,7 +232,7 @@ def test_ppo_reward_worker_scores_a_likelihood_rm_normalised(small: tuple[Path, 
     from alignctl.batch import Batch
     from alignctl.config.core import to_dict
     from alignctl.workers.worker_process import DistContext
-    from alignctl.workers.reward_model import RewardModelWorker
+    from alignctl.workers.rm_worker import RewardModelWorker
     from rl_helpers import rl_config
 
     data, model_dir = small
@@ -304,7 +304,7 @@ def test_train_rm_held_out_scores_are_the_same_with_and_without_shared_prompts(s
                                                                               tmp_path: Path) -> None:
     """train-rm's held-out scoring of a likelihood model (max_steps 0) with ``share_prompt`` on (each pair's
     prompt once, the CPU default) and off (TRL's padded batches): the same scores to float rounding."""
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model_dir = small
     results = {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from alignctl.config.core import load_config
-from alignctl.config.reward_model import RewardModelConfig
+from alignctl.config.train_rm import RewardModelConfig
 from alignctl.errors import UserError
 from tests.test_sft import make_arith_setup
 
@@ -126,7 +126,7 @@ def arith(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def arith_rm(arith: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - RMResult
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model = arith
     out = tmp_path_factory.mktemp("rm-out") / "rm"
@@ -161,7 +161,7 @@ def test_hh_rlhf_256_real_pairs(shared_data: Path, tmp_path: Path) -> None:
     from alignctl.config.preprocess import PreprocessConfig
     from alignctl.data.preprocess import run_preprocess
     from alignctl.models.tiny import init_model
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     import gzip
 
@@ -199,7 +199,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_saved_rm_loads_with_auto_classes_and_scores_like_training(small: tuple[Path, Path], tmp_path: Path) -> None:
     from transformers import AutoConfig
 
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model = small
     cfg = rm_config(model, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm",
@@ -228,7 +228,7 @@ def test_saved_rm_loads_with_auto_classes_and_scores_like_training(small: tuple[
 def test_group_key_splits_held_out_accuracy_by_rejected_kind(small: tuple[Path, Path], tmp_path: Path) -> None:
     """val/accuracy/<kind> per arith rejected_kind, recomputed here from the returned scores and the
     file's own labels (an independent count, not the library's helper)."""
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model = small
     cfg = rm_config(model, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm",
@@ -267,7 +267,7 @@ def test_group_key_errors_come_before_training(small: tuple[Path, Path], tmp_pat
 def test_python_api_trains_and_saves(small: tuple[Path, Path], tmp_path: Path) -> None:
     import datasets
 
-    from alignctl.trainers.reward_model import RewardModelTrainer
+    from alignctl.trainers.rm_trainer import RewardModelTrainer
 
     data, model = small
     pairs = datasets.Dataset.from_pandas(pd.read_parquet(data / "pref_train.parquet"), preserve_index=False)
@@ -283,7 +283,7 @@ def test_python_api_trains_and_saves(small: tuple[Path, Path], tmp_path: Path) -
 
 
 def _rm_trainer(cfg: RewardModelConfig, train: Path):  # noqa: ANN202
-    from alignctl.trainers import reward_model as rmod
+    from alignctl.trainers import rm_trainer as rmod
 
     with rmod.common.quiet_libraries():
         tokenizer = rmod.common.load_tokenizer_for_training(cfg.model.path, False)
@@ -296,7 +296,7 @@ def test_freeze_layers_keeps_the_trunk_of_the_saved_rm(small: tuple[Path, Path],
     embeddings and blocks equal the base model's tensors, only the final norm and score head trained."""
     from safetensors.torch import load_file
 
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model = small
     cfg = rm_config(model, data / "pref_train.parquet", None, tmp_path / "rm", "model.freeze_layers=2",
@@ -339,7 +339,7 @@ def test_long_pairs_are_filtered_and_counted(small: tuple[Path, Path], tmp_path:
 
 
 def _one_line_error(cfg: RewardModelConfig) -> str:
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     with pytest.raises(UserError) as info:
         run_train_rm(cfg, progress=False)
@@ -372,8 +372,8 @@ def test_bad_datasets_give_one_line_errors(small: tuple[Path, Path], tmp_path: P
 _DDP_SCRIPT = """
 import sys
 from alignctl.config.core import load_config
-from alignctl.config.reward_model import RewardModelConfig
-from alignctl.trainers.reward_model import run_train_rm
+from alignctl.config.train_rm import RewardModelConfig
+from alignctl.trainers.rm_trainer import run_train_rm
 run_train_rm(load_config(RewardModelConfig, None, sys.argv[1:]), progress=False)
 """
 

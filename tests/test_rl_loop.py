@@ -240,7 +240,7 @@ def test_critic_freeze_layers_trains_only_the_top_of_the_value_model(assets, tmp
     import torch.distributed.checkpoint as dcp
 
     from alignctl.models.loading import load_value_model
-    from alignctl.trainers.checkpoint import checkpoint_root
+    from alignctl.trainers.checkpoint_folders import checkpoint_root
 
     cfg = rl_config(assets, tmp_path / "run", "algorithm.adv_estimator=gae", "critic.model.freeze_layers=1",
                     "trainer.total_training_steps=1", "trainer.save_freq=1")

@@ -84,7 +84,7 @@ def test_trainer_loss_equals_the_model_on_each_sequence_alone(small: tuple[Path,
 def test_on_track_run_end_to_end(small: tuple[Path, Path], tmp_path: Path) -> None:
     """A short run reports the on-track part of its loss and writes a reward model that Auto classes load and
     score at the last token like any other."""
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     data, model = small
     cfg = rm_config(model, data / "pref_train.parquet", data / "pref_test.parquet", tmp_path / "rm", "loss=on_track",

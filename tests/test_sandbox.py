@@ -293,7 +293,7 @@ print('planted')
 
 
 def test_sandboxed_code_cannot_plant_a_signed_checkpoint(tmp_path, monkeypatch):
-    from alignctl.trainers.checkpoint import resolve_resume
+    from alignctl.trainers.checkpoint_folders import resolve_resume
     from alignctl.trainers.checkpoint_trust import installation_key, key_path
 
     monkeypatch.setenv("ALIGNCTL_HOME", str(tmp_path / "home"))

@@ -43,7 +43,7 @@ def sft_config(data: Path, model: Path, out: Path, *overrides: str) -> SFTConfig
 
 
 def _trainer(cfg: SFTConfig):  # noqa: ANN202 - a trl.SFTTrainer
-    from alignctl.trainers import sft
+    from alignctl.trainers import sft_trainer as sft
 
     with sft.common.quiet_libraries():
         tokenizer = sft.common.load_tokenizer_for_training(str(cfg.model.path), False)
@@ -93,7 +93,7 @@ def _completion_nll(model_dir: Path, rows: pd.DataFrame, tokenizer) -> float:  #
 def test_sft_lowers_completion_loss_and_writes_artifact(setup: tuple[Path, Path], tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from alignctl.trainers.sft import run_sft
+    from alignctl.trainers.sft_trainer import run_sft
 
     data, model = setup
     out = tmp_path / "sft-model"
@@ -135,7 +135,7 @@ def test_packed_eval_loss_equals_padded(setup: tuple[Path, Path], tmp_path: Path
 
 
 def test_sft_seeded_runs_are_identical(setup: tuple[Path, Path], tmp_path: Path) -> None:
-    from alignctl.trainers.sft import run_sft
+    from alignctl.trainers.sft_trainer import run_sft
 
     data, model = setup
     args = ("optim.lr=3e-3", "trainer.max_steps=3", "trainer.micro_batch_size=8", "trainer.logging_steps=1")
@@ -197,7 +197,7 @@ def test_gsm8k_style_rows_become_chat_prompt_completion() -> None:
 
 
 def _one_line_error(cfg: SFTConfig) -> str:
-    from alignctl.trainers.sft import run_sft
+    from alignctl.trainers.sft_trainer import run_sft
 
     with pytest.raises(UserError) as info:
         run_sft(cfg, progress=False)

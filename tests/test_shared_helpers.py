@@ -101,7 +101,7 @@ def test_rl_workers_resolve_auto_packing_once_for_their_device(monkeypatch: pyte
 
 def test_packing_keys_take_booleans_or_auto_only() -> None:
     from alignctl.config.core import build_config
-    from alignctl.config.reward_model import RewardModelConfig
+    from alignctl.config.train_rm import RewardModelConfig
     from alignctl.config.rl import RLConfig
 
     rm = {"model": {"path": "unread"}, "data": {"train_files": ["unread.parquet"]}}
@@ -269,7 +269,7 @@ def test_torn_tail_only_when_the_last_line_is_unterminated(tmp_path: Path) -> No
 
 def test_metrics_readers_share_the_rule(tmp_path: Path) -> None:
     from alignctl.eval.curves import read_metrics
-    from alignctl.trainers.checkpoint import read_metric_rows
+    from alignctl.trainers.checkpoint_folders import read_metric_rows
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')

@@ -82,7 +82,7 @@ def test_tools_arith_files_and_sft_on_its_traces(tool_model, tmp_path: Path):
     from alignctl.config import load_config
     from alignctl.config.sft import SFTConfig
     from alignctl.tools.calculator import calculator
-    from alignctl.trainers.sft import build_sft_trainer, load_sft_split
+    from alignctl.trainers.sft_trainer import build_sft_trainer, load_sft_split
 
     data = tmp_path / "data"
     result = run_cli("preprocess", "tools-arith", "--out", str(data), "tools_arith.num_train=6", "tools_arith.num_test=4",

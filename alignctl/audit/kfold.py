@@ -58,7 +58,7 @@ def check_kfold_options(opts: KFoldOptions) -> None:
 
 def _fold_config(opts: KFoldOptions, train_file: str, output_dir: str) -> Any:
     from alignctl.config import load_config
-    from alignctl.config.reward_model import RewardModelConfig
+    from alignctl.config.train_rm import RewardModelConfig
 
     overrides = [f"model.path={opts.base_model}", f"data.train_files=[{train_file}]", "data.val_files=[]",
                  "data.val_fraction=0", f"output_dir={output_dir}", "audit=false"]
@@ -69,7 +69,7 @@ def out_of_sample_scores(frame: Any, rows: list[int], convs: list[tuple[Messages
                          opts: KFoldOptions, score: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(chosen, rejected) scores of ``rows``, each from the fold model that did not train on it,
     and each row's fold. ``score(model_dir, conversations)`` scores (prompt, reply) pairs."""
-    from alignctl.trainers.reward_model import run_train_rm
+    from alignctl.trainers.rm_trainer import run_train_rm
 
     fold = fold_of_rows(len(rows), opts.folds, opts.seed)
     chosen, rejected = np.zeros(len(rows)), np.zeros(len(rows))

@@ -16,7 +16,7 @@ STAGE_SCHEMAS: dict[str, str] = {
     "init-model": "alignctl.config.init_model:InitModelConfig",
     "import-model": "alignctl.config.import_model:ImportModelConfig",
     "sft": "alignctl.config.sft:SFTConfig",
-    "train-rm": "alignctl.config.reward_model:RewardModelConfig",
+    "train-rm": "alignctl.config.train_rm:RewardModelConfig",
 }
 
 

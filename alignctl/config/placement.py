@@ -3,7 +3,7 @@
 
 The default is today's single hybrid pool ``global_pool`` (``trainer.nnodes`` x
 ``trainer.n_gpus_per_node`` workers) holding every role. Each pool becomes its own Ray placement
-group and torch.distributed group (workers/placement.py); this module only reads and checks the
+group and torch.distributed group (workers/pooled_workers.py); this module only reads and checks the
 config, before Ray starts.
 """
 

@@ -31,7 +31,7 @@ from alignctl.console import track
 from alignctl.models.compat import chat_token_ids
 from alignctl.models.reward_forward import group_prompt_lengths
 
-# The keys alignctl.trainers.reward_model writes into the saved config (tests check they agree).
+# The keys alignctl.trainers.rm_trainer writes into the saved config (tests check they agree).
 REWARD_MEAN_KEY = "alignctl_reward_mean"
 REWARD_STD_KEY = "alignctl_reward_std"
 

@@ -61,7 +61,7 @@ def _import_model(cfg: Any) -> dict[str, Any]:
 
 def _sft(cfg: Any) -> dict[str, Any]:
     from alignctl.console import progress_enabled
-    from alignctl.trainers.sft import print_sft_report, run_sft
+    from alignctl.trainers.sft_trainer import print_sft_report, run_sft
 
     result = run_sft(cfg, progress=progress_enabled())
     print_sft_report(result)
@@ -70,7 +70,7 @@ def _sft(cfg: Any) -> dict[str, Any]:
 
 def _train_rm(cfg: Any) -> dict[str, Any]:
     from alignctl.console import progress_enabled
-    from alignctl.trainers.reward_model import print_rm_report, run_train_rm
+    from alignctl.trainers.rm_trainer import print_rm_report, run_train_rm
 
     result = run_train_rm(cfg, progress=progress_enabled())
     print_rm_report(result)
@@ -124,7 +124,7 @@ STAGE_KINDS: dict[str, StageKind] = {
     "import-model": StageKind("alignctl.config.import_model:ImportModelConfig", "out", _import_model,
                               sources=_gguf_sources),
     "sft": StageKind("alignctl.config.sft:SFTConfig", "output_dir", _sft),
-    "train-rm": StageKind("alignctl.config.reward_model:RewardModelConfig", "output_dir", _train_rm),
+    "train-rm": StageKind("alignctl.config.train_rm:RewardModelConfig", "output_dir", _train_rm),
     "ppo": StageKind("alignctl.config.rl:RLConfig", "trainer.run_dir", _rl),
     "grpo": StageKind("alignctl.config.rl:RLConfig", "trainer.run_dir", _rl),
     "eval": StageKind("alignctl.config.eval:EvalConfig", "out", _eval),

@@ -22,7 +22,7 @@ def _checkers() -> dict[type, Callable[[Any, Context], None]]:
     from alignctl.config.import_model import ImportModelConfig
     from alignctl.config.init_model import InitModelConfig
     from alignctl.config.preprocess import PreprocessConfig
-    from alignctl.config.reward_model import RewardModelConfig
+    from alignctl.config.train_rm import RewardModelConfig
     from alignctl.config.rl import RLConfig
     from alignctl.config.sft import SFTConfig
     from alignctl.preflight import rl, stages

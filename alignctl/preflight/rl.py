@@ -17,7 +17,7 @@ from alignctl.preflight.context import Context
 from alignctl.preflight.data import check_rl_prompts
 from alignctl.preflight.models import check_layer_count, check_model
 from alignctl.preflight.stages import check_python_function
-from alignctl.trainers.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints
+from alignctl.trainers.checkpoint_folders import STATE_FILE, checkpoint_root, complete_checkpoints
 
 
 def _check_resume_path(cfg: RLConfig) -> None:

@@ -10,7 +10,7 @@ from alignctl.config.eval import EvalConfig
 from alignctl.config.import_model import ImportModelConfig
 from alignctl.config.init_model import InitModelConfig
 from alignctl.config.preprocess import PreprocessConfig
-from alignctl.config.reward_model import RewardModelConfig
+from alignctl.config.train_rm import RewardModelConfig
 from alignctl.config.sft import SFTConfig
 from alignctl.errors import UserError
 from alignctl.pipeline.ownership import check_output_dir

@@ -22,7 +22,7 @@ from alignctl.tools import tool_schemas
 from alignctl.trainers.reward import RewardComputer
 from alignctl.workers.group import ResourcePool, RoleSpec
 from alignctl.workers.ray_session import cluster_address, init_ray
-from alignctl.workers.placement import PooledWorkers, check_fit, cluster_nodes, start_pools
+from alignctl.workers.pooled_workers import PooledWorkers, check_fit, cluster_nodes, start_pools
 
 
 @dataclass
@@ -81,7 +81,7 @@ def start_workers(cfg: RLConfig, total_steps: int) -> PooledWorkers:
                                {"config": config, "total_steps": total_steps}),
              "critic": RoleSpec("critic", "alignctl.workers.critic:CriticWorker",
                                 {"config": config, "total_steps": total_steps}),
-             "rm": RoleSpec("rm", "alignctl.workers.reward_model:RewardModelWorker", {"config": config})}
+             "rm": RoleSpec("rm", "alignctl.workers.rm_worker:RewardModelWorker", {"config": config})}
     roles = {role: specs[role] for role in cfg.roles}
     return start_pools(pools, roles, role_pools(cfg.trainer, cfg.roles), import_roots(cfg.algorithm.plugins),
                        reuse=cfg.trainer.reuse_workers)

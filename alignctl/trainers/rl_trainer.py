@@ -24,12 +24,12 @@ from alignctl.batch import Batch
 from alignctl.config.core import to_dict, to_yaml
 from alignctl.config.placement import pool_key
 from alignctl.config.rl import RLConfig
-from alignctl.models.microbatch import balance_batch, balance_groups
+from alignctl.models.batch_indices import balance_batch, balance_groups
 from alignctl.monitor import Alarm, Monitor, Thresholds, response_diversity
 from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
 from alignctl.trainers.estimators import compute_advantage, get_adv_estimator
 from alignctl.trainers.extra_rollouts import EXTRA_ROLLOUTS
-from alignctl.trainers.checkpoint import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
+from alignctl.trainers.checkpoint_folders import (checkpoint_root, commit, read_state, remove_partials, resolve_resume,
                                           start_partial, truncate_metrics, write_state)
 from alignctl.trainers.metrics import (Timer, data_metrics, kl_metrics, rollout_mismatch_metrics, throughput,
                                       tool_metrics)
@@ -39,7 +39,7 @@ from alignctl.console import console
 from alignctl.errors import RunFailed, UserError
 from alignctl.tracking import Tracker
 from alignctl.workers.group import WorkerFailed
-from alignctl.workers.placement import Call, run_calls
+from alignctl.workers.pooled_workers import Call, run_calls
 
 # Columns each worker call needs (sending only these keeps Ray's object traffic small).
 LOGP_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")

@@ -9,7 +9,7 @@ any multi-node checkpoint).
 
 The folder a worker writes is not a checkpoint by itself: the controller commits it (renames the
 whole step folder into place) only after every worker returned, see
-:mod:`alignctl.trainers.checkpoint`.
+:mod:`alignctl.trainers.checkpoint_folders`.
 """
 
 from __future__ import annotations

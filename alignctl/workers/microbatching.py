@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from alignctl.algos import count_loss_seqs, count_loss_tokens
 from alignctl.batch import Batch
-from alignctl.models.microbatch import dynamic_micro_batches, fixed_micro_batches
+from alignctl.models.batch_indices import dynamic_micro_batches, fixed_micro_batches
 from alignctl.workers.strategy import all_reduce_max, collective_device
 
 

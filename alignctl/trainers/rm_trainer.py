@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alignctl.config.core import iter_keys, load_config, to_dict
-from alignctl.config.reward_model import RewardModelConfig
+from alignctl.config.train_rm import RewardModelConfig
 from alignctl.device import resolve_device
 from alignctl.errors import UserError, writing
 from alignctl.trainers import sft_common as common
