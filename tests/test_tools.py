@@ -5,6 +5,7 @@ token accounting on a tiny model fitted to tool-use traces (tests/tool_helpers.p
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 from pathlib import Path
 
@@ -417,8 +418,6 @@ class _ScriptedPolicy:
 
 @pytest.fixture(scope="module")
 def char_tokenizer(tmp_path_factory):
-    import json
-
     from alignctl.models.loading import load_tokenizer
     from alignctl.models.tiny import init_model
 
@@ -465,3 +464,23 @@ def test_a_fenced_example_is_no_call(char_tokenizer):
     prompt = list(char_tokenizer("q", add_special_tokens=False)["input_ids"])
     out = rollout.generate([prompt], SamplingParams(n=1, greedy=True, max_new_tokens=2000))
     assert out.extras["turns"] == [1] and out.extras["tool_calls"] == [{}]  # the final answer, nothing ran
+
+
+@pytest.mark.parametrize(("isolation", "sees_project"), [("none", "True"), ("bwrap", "False")])
+def test_the_rollout_runs_the_python_tool_with_the_configured_isolation(char_tokenizer, isolation, sees_project):
+    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.multi_turn import MultiTurnRollout
+    from alignctl.tools.bwrap import isolation_problem
+
+    if isolation == "bwrap" and isolation_problem():
+        pytest.skip(isolation_problem())
+    project = str(Path(__file__).resolve().parents[1])
+    code = f"import os; print(os.path.exists({project!r}))"
+    policy = _ScriptedPolicy(char_tokenizer, [
+        '<tool_call>{"name": "python", "arguments": {"code": ' + json.dumps(code) + '}}</tool_call>', "#### done"])
+    rollout = MultiTurnRollout(policy, char_tokenizer, ["python"], max_turns=3, max_response_length=4000,
+                               stop_ids=[char_tokenizer.eos_token_id], tool_settings={"isolation": isolation})
+    prompt = list(char_tokenizer("q", add_special_tokens=False)["input_ids"])
+    out = rollout.generate([prompt], SamplingParams(n=1, greedy=True, max_new_tokens=4000))
+    inserted = [t for t, m in zip(out.responses()[0], out.loss_mask[0].tolist()) if m == 0]
+    assert out.extras["tool_valid_calls"] == [1] and sees_project in char_tokenizer.decode(inserted)
