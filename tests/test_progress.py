@@ -98,3 +98,18 @@ def test_grpo_with_only_a_model_and_data_runs_and_prints_a_line_per_step(assets,
     assert steps[-1][4] == "0s"  # nothing left after the last step
     assert "actor/pg_loss" not in result.stdout  # the full table is --verbose's
     assert (tmp_path / "runs").exists()
+
+
+def test_verbose_turns_the_step_line_into_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from alignctl.tracking import VERBOSE_ENV, ConsoleSink, Tracker
+
+    def console_sink(**env: str):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        tracker = Tracker.create(["console", "jsonl"], tmp_path, project="p", name="n", config={}, total_steps=5)
+        tracker.close()
+        return type(tracker.sinks[1])
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    assert console_sink() is StepLineSink
+    assert console_sink(**{VERBOSE_ENV: "1"}) is ConsoleSink
