@@ -98,3 +98,15 @@ def test_quickstart_dry_run_on_a_warm_cache_takes_under_5_s(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "12 stages, 12 cached, 0 to run" in result.stdout
     assert seconds < 5.0, seconds
+
+
+def test_config_mistakes_of_every_stage_come_in_one_pass(tmp_path: Path):
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE)
+    result = run_cli("run", str(path), "--dry-run", "data.arith.num_trian=3", "model.hiden=3", "other.seed=x")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, result.stderr
+    assert "stage 'data'" in lines[0] and "'arith.num_trian'" in lines[0]
+    assert "stage 'other'" in lines[1] and "'seed'" in lines[1]  # run order: data, other, model
+    assert "stage 'model'" in lines[2] and "'hiden'" in lines[2]

@@ -48,11 +48,18 @@ def typed_config(stage: StageSpec, mapping: dict[str, str], output: str, source:
 
 
 def stage_keys(spec: PipelineSpec) -> dict[str, str]:
-    """Every stage's key, upstream first (keys depend only on configs, so nothing has to run)."""
+    """Every stage's key, upstream first (keys depend only on configs, so nothing has to run). The
+    config mistakes of every stage are raised together (:class:`ConfigErrors`), in run order."""
     keys: dict[str, str] = {}
+    mistakes: list[str] = []
     for name, stage in spec.stages.items():
         placeholders = {up: f"<stage:{keys[up]}>" for up in stage.upstream}
-        typed = typed_config(stage, placeholders, _OUTPUT_PLACEHOLDER, spec.path)
+        try:
+            typed = typed_config(stage, placeholders, _OUTPUT_PLACEHOLDER, spec.path)
+        except UserError as exc:
+            mistakes += getattr(exc, "messages", None) or [str(exc)]
+            keys[name] = "invalid"  # downstream stages are still checked
+            continue
         kind = STAGE_KINDS[stage.kind]
         content: dict[str, Any] = {"kind": stage.kind, "kind_version": kind.version, "cache_format": CACHE_FORMAT,
                                    "config": to_dict(typed), "inputs": {up: keys[up] for up in stage.upstream}}
@@ -60,6 +67,8 @@ def stage_keys(spec: PipelineSpec) -> dict[str, str]:
             content["sources"] = kind.sources(typed)
         payload = json.dumps(content, sort_keys=True, default=str)
         keys[name] = hashlib.sha256(payload.encode()).hexdigest()
+    if mistakes:
+        raise UserError(mistakes[0]) if len(mistakes) == 1 else ConfigErrors(mistakes)
     return keys
 
 
