@@ -12,7 +12,7 @@ from alignctl.pipeline.manifest import jsonable
 
 @dataclass
 class EvalResults:
-    """Results of :func:`alignctl.eval.evaluate` / :func:`alignctl.eval.evaluation`.
+    """Results of :func:`alignctl.eval.evaluate` / :func:`alignctl.eval.run_eval`.
 
     Rewards are reward-model scores (standardised when the model carries train-rm's mean/std);
     lengths are in characters of the decoded response. Fields are None when their input was not
