@@ -130,7 +130,7 @@ def test_response_diversity_counts_distinct_responses_by_hand():
     groups = torch.tensor([0, 0, 1, 1])
     got = response_diversity(responses, mask, groups)
     # distinct: (5,6), (7,), (5,6,9) -> 3 of 4; group 0 has one repeat of 2 (0.5), group 1 none (0).
-    assert got == {"monitor/unique_in_batch": 0.75, "monitor/dup_in_group": 0.25}
+    assert got == {"monitor/unique_in_batch": 0.75, "monitor/dup_in_group": 0.25, "monitor/responses": 4.0}
 
 
 @pytest.mark.slow
@@ -165,3 +165,52 @@ def test_noisy_rule_score_alone_is_not_hacking():
     # W=4, judged at steps 8..12 over all steps so far: the fitted line falls by 0.03-0.07, with a
     # slope t between -0.4 and -1.4 (computed with alarms._slope): noise, not a trend.
     assert _fired(stream) == []
+
+
+ACC_REWARD = '''
+import re
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    match = re.search(r"####\\s*(-?\\d+)", solution_str)
+    acc = float(match is not None and match.group(1) == str(ground_truth))
+    digits = sum(ch.isdigit() for ch in solution_str) / max(len(solution_str), 1)
+    return {"score": acc + digits, "acc": acc}
+'''
+
+
+@pytest.mark.slow
+def test_the_baseline_is_measured_before_step_1_and_read_back_on_resume(tmp_path: Path):
+    """GRPO on the tiny model with a reward that reports acc: before step 1 the reference policy
+    answers 6 prompts (monitor.baseline_prompts=5, rounded up to the 2 workers) x 2; the baseline
+    holds their numbers and step 1's, and a resumed run reads it back instead of measuring the
+    trained policy."""
+    import json
+
+    assets = make_assets(tmp_path / "assets", num_train=16, num_test=4)
+    reward = tmp_path / "acc_reward.py"
+    reward.write_text(ACC_REWARD)
+    run = tmp_path / "run"
+
+    def grpo(steps: int):
+        return run_cli("grpo", f"data.train_files=[{assets['data'] / 'train.parquet'}]",
+                       f"actor_rollout_ref.model.path={assets['model']}", f"custom_reward_function.path={reward}",
+                       f"trainer.run_dir={run}", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "actor_rollout_ref.rollout.n=2", "data.max_response_length=8", f"trainer.total_training_steps={steps}",
+                       "trainer.n_gpus_per_node=2", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+                       "trainer.save_freq=1", "trainer.stop_on_flat_reward=false", "monitor.baseline_prompts=5")
+
+    first = grpo(1)
+    assert first.code == 0, first.stderr[-2000:]
+    assert "monitor baseline: 6 prompts x 2" in first.stdout + first.stderr
+    saved = json.loads((run / "monitor_baseline.json").read_text())
+    assert (saved["responses"], saved["prompts"], saved["group_size"]) == (12, 6, 2)
+    assert saved["gold_key"] == "reward/extra/acc/mean" and 0 <= saved["gold"] <= 1
+    assert 1 <= saved["length"] <= 8 and saved["entropy"] > 0 and 0 < saved["unique"] <= 1
+    assert saved["proxy_key"] == "critic/score/mean" and saved["seconds"] > 0
+    row = read_metrics(run)[0]
+    assert row["monitor/responses"] == 8.0
+    again = grpo(2)
+    assert again.code == 0, again.stderr[-2000:]
+    assert "monitor baseline:" not in again.stdout + again.stderr
+    assert json.loads((run / "monitor_baseline.json").read_text()) == saved

@@ -357,18 +357,28 @@ MONITOR_POLICIES = ("warn", "stop", "ignore")
 @dataclass
 class MonitorConfig:
     enable: bool = field(True, help="Watch every step for reward hacking, entropy / length / mode collapse, KL over "
-                                    "budget and non-finite numbers (docs/monitor.md); costs no forward pass.")
+                                    "budget and non-finite numbers (docs/monitor.md).")
+    baseline_prompts: int = field(16, ge=0, help="Training prompts the reference policy answers once before step 1 "
+                                                 "(rollout.n responses each): the baseline every step is tested "
+                                                 "against. 0: no baseline; the rules compare the run with its own "
+                                                 "first 'window' steps.")
+    false_alarm_rate: float = field(0.05, gt=0, le=0.5, help="The baseline tests' chance of a false alarm over the "
+                                                           "whole run, per alarm; lower waits for more evidence.")
     policy: str = field("warn", help="What an alarm does: warn (one console line, logged), stop (checkpoint, then "
                                      "exit 1 with the reason), ignore.", choices=MONITOR_POLICIES)
     policies: dict[str, str] = field(default_factory=dict, help="Per-alarm policy overriding 'policy', e.g. "
                                                                 "{reward_hacking: stop}. Alarms: " + ", ".join(MONITOR_ALARMS) + ".")
-    window: int = field(4, ge=1, help="Steps averaged for 'start' (the first W) and 'recent' (the last W).")
-    gold_drop: float = field(0.05, gt=0, help="reward_hacking: fall of the gold signal (rule score or validation "
-                                              "accuracy) below its start that counts (the rule score must also fall by 3 "
-                                              "standard errors), while the proxy reward rose.")
-    entropy_floor: float = field(0.1, gt=0, le=1, help="entropy_collapse: recent entropy below this fraction of its start.")
-    length_high: float = field(2.0, gt=1, help="length_blowup: recent mean response length above this multiple of its start.")
-    length_low: float = field(0.5, gt=0, le=1, help="length_collapse: recent mean response length below this fraction of its start.")
+    window: int = field(4, ge=1, help="Steps averaged for 'recent' (the last W) and, without a baseline, 'start' "
+                                      "(the first W).")
+    gold_drop: float = field(0.05, gt=0, help="reward_hacking's trend and validation rules: fall of the gold signal "
+                                              "(rule score or validation accuracy) that counts (the per-step gold must "
+                                              "also fall by 3 standard errors), while the proxy reward rose.")
+    entropy_floor: float = field(0.1, gt=0, le=1, help="entropy_collapse: recent entropy below this fraction of the "
+                                                       "baseline's (of its start without one).")
+    length_high: float = field(2.0, gt=1, help="length_blowup: mean response length above this multiple of the "
+                                               "baseline (of its start without one).")
+    length_low: float = field(0.5, gt=0, le=1, help="length_collapse: mean response length below this fraction of "
+                                                    "the baseline (of its start without one).")
     min_unique: float = field(0.25, gt=0, le=1, help="mode_collapse: share of distinct responses in a batch below this.")
     kl_budget: float = field(0.5, gt=0, help="kl_budget: recent actor/reference_kl (nats per token) above this.")
     tool_use_low: float = field(0.25, gt=0, le=1, help="tool_collapse (multi-turn): recent tool calls per sample below "

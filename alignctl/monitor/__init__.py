@@ -2,8 +2,11 @@
 hacking, entropy / length / mode collapse, KL over budget, non-finite numbers) with a policy per
 alarm: warn, stop (checkpoint, then exit with a one-line reason), or ignore. See docs/monitor.md.
 
-It reads only metrics the loop already computes (plus :func:`signals.response_diversity`), so it
-costs no forward pass. Pure bookkeeping: the trainer decides what a ``stop`` does.
+Given a :class:`Baseline` (the reference policy's numbers, measured once before step 1), the rules
+of :mod:`evidence` compare every step with it through sequential tests; without one, the window
+rules of :mod:`alarms` compare the run with its own first steps. Apart from the baseline it reads
+only metrics the loop already computes (plus :func:`signals.response_diversity`). Pure
+bookkeeping: the trainer decides what a ``stop`` does.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alignctl.monitor.alarms import RULES, Series, Thresholds
+from alignctl.monitor.baseline import Baseline
+from alignctl.monitor.evidence import BaselineRules, Settings
 from alignctl.monitor.signals import response_diversity
 
 
@@ -38,6 +43,14 @@ class Monitor:
     default_policy: str = "warn"
     history: dict[str, Series] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
+    baseline_rules: BaselineRules | None = None
+
+    def set_baseline(self, baseline: Baseline, horizon: int) -> None:
+        """Compare from now on with ``baseline``; ``horizon``: the run's steps (false alarms are bounded over them)."""
+        t = self.thresholds
+        self.baseline_rules = BaselineRules(baseline, Settings(
+            false_alarm_rate=t.false_alarm_rate, horizon=horizon, length_high=t.length_high,
+            length_low=t.length_low, entropy_floor=t.entropy_floor, min_unique=t.min_unique, window=t.window))
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
         for key, value in metrics.items():
@@ -46,10 +59,17 @@ class Monitor:
 
     def observe(self, step: int, metrics: dict[str, Any]) -> list[Alarm]:
         self.record(step, metrics)
+        judged = self.baseline_rules.update(step, metrics) if self.baseline_rules is not None else {}
         started = []
         for name, rule in RULES.items():
             policy = self.policies.get(name, self.default_policy)
-            reason = None if policy == "ignore" else rule(self.history, metrics, self.thresholds)
+            if policy == "ignore":
+                reason = None
+            elif name in judged:  # the trend rule stays for slow drifts of a per-step gold
+                reason = judged[name] or (rule(self.history, metrics, self.thresholds)
+                                          if name == "reward_hacking" else None)
+            else:
+                reason = rule(self.history, metrics, self.thresholds)
             if reason is None:
                 self.active.discard(name)
             elif name not in self.active:
@@ -60,4 +80,4 @@ class Monitor:
 
 ALARM_NAMES = tuple(RULES)
 
-__all__ = ["ALARM_NAMES", "Alarm", "Monitor", "Thresholds", "response_diversity"]
+__all__ = ["ALARM_NAMES", "Alarm", "Baseline", "Monitor", "Thresholds", "response_diversity"]

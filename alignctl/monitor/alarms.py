@@ -48,6 +48,7 @@ class Thresholds:
     min_unique: float = 0.25
     kl_budget: float = 0.5
     tool_use_low: float = 0.25
+    false_alarm_rate: float = 0.05  # the baseline tests' (evidence.py): chance of a false alarm over a run
 
 
 def _mean(values: list[float]) -> float:

@@ -14,14 +14,15 @@ def response_diversity(responses: torch.Tensor, response_mask: torch.Tensor,
     ``monitor/unique_in_batch``: distinct responses / responses, over the whole batch (1.0: all
     different; near 0: the policy answers every prompt the same way, e.g. "#### 28");
     ``monitor/dup_in_group``: mean over prompt groups of the share of a group's responses that
-    repeat another response of the same group.
+    repeat another response of the same group; ``monitor/responses``: how many responses the
+    batch holds (the baseline tests weigh a step's evidence by it).
 
     Shapes: responses ``[N, T]`` token ids, response_mask ``[N, T]``, group_index ``[N]``."""
     lengths = response_mask.sum(-1).tolist()
     texts = [tuple(row[: int(n)]) for row, n in zip(responses.tolist(), lengths)]
     if not texts:
         return {}
-    metrics = {"monitor/unique_in_batch": len(set(texts)) / len(texts)}
+    metrics = {"monitor/unique_in_batch": len(set(texts)) / len(texts), "monitor/responses": float(len(texts))}
     if group_index is not None:
         groups: dict[int, list[tuple[int, ...]]] = defaultdict(list)
         for uid, text in zip(group_index.tolist(), texts):

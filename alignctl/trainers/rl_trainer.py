@@ -26,6 +26,8 @@ from alignctl.config.placement import pool_key
 from alignctl.config.rl import RLConfig
 from alignctl.models.batch_indices import balance_batch, balance_groups
 from alignctl.monitor import Alarm, Monitor, Thresholds, response_diversity
+from alignctl.monitor.baseline import BASELINE_FILE, Baseline
+from alignctl.monitor.measure import baseline_prompts, measure_baseline
 from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
 from alignctl.trainers.estimators import compute_advantage, get_adv_estimator
 from alignctl.trainers.extra_rollouts import EXTRA_ROLLOUTS
@@ -270,6 +272,7 @@ class RLTrainer:
 
     def _loop(self, tracker: Tracker, result: RunResult) -> None:
         trainer = self.cfg.trainer
+        self.start_monitor(result)
         if trainer.val_before_train and self.parts.val_data is not None and self.global_step == 0:
             self._validate(tracker, result)
         while self.global_step < self.parts.total_steps:
@@ -368,6 +371,26 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the monitor
 
+    def start_monitor(self, result: RunResult) -> None:
+        """The monitor's baseline: measured before step 1 of a fresh run, read back in a resumed one,
+        whose restored steps are replayed so the tests go on where they were (docs/monitor.md)."""
+        if self.monitor is None or self.cfg.monitor.baseline_prompts == 0:
+            return
+        path = self.parts.run_dir / BASELINE_FILE
+        if self.global_step == 0:
+            prompts = baseline_prompts(self.parts.train_data, self.cfg.monitor.baseline_prompts,
+                                       self.workers.world_size, self.cfg.trainer.seed)
+            baseline = measure_baseline(self, prompts, LOGP_INPUTS)
+            path.write_text(json.dumps(baseline.to_dict(), indent=2), encoding="utf-8")
+            console.print(f"monitor baseline: {baseline.line()}")
+        elif path.exists():
+            baseline = Baseline.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        else:
+            return  # a run from before baselines: the window rules judge it
+        self.monitor.set_baseline(baseline, self.parts.total_steps)
+        for step, row in enumerate(result.history, 1):
+            self.monitor.observe(step, row)  # their alarms were printed and logged when they fired
+
     def watch(self, metrics: dict[str, float]) -> list[Alarm]:
         """Feed the monitor; each alarm that starts now is printed and marked in ``metrics``."""
         if self.monitor is None:
@@ -391,7 +414,8 @@ def make_monitor(cfg: Any) -> Monitor:
     """The monitor of a ``monitor`` config section."""
     thresholds = Thresholds(window=cfg.window, gold_drop=cfg.gold_drop, entropy_floor=cfg.entropy_floor,
                             length_high=cfg.length_high, length_low=cfg.length_low, min_unique=cfg.min_unique,
-                            kl_budget=cfg.kl_budget, tool_use_low=cfg.tool_use_low)
+                            kl_budget=cfg.kl_budget, tool_use_low=cfg.tool_use_low,
+                            false_alarm_rate=cfg.false_alarm_rate)
     return Monitor(thresholds, dict(cfg.policies), cfg.policy)
 
 
