@@ -22,10 +22,15 @@ import pytest
 
 import alignctl
 from alignctl.tools import TOOLS, run_tool
-from alignctl.tools.bwrap import Runtime, isolation_problem
+from alignctl.tools.bwrap import Runtime
 from alignctl.tools.python_sandbox import MAX_PROCESSES
+from sandbox_helpers import bwrap_or_skip
 
-pytestmark = pytest.mark.skipif(isolation_problem() is not None, reason=f"bwrap cannot run here: {isolation_problem()}")
+
+@pytest.fixture(autouse=True)
+def _sandbox_available() -> None:
+    bwrap_or_skip()
+
 
 # Rebinds the globals the audit hook reads in the bootstrap's __main__: after this the hook refuses nothing.
 TAMPER = ("import sys\nm = sys.modules['__main__']\nm._BLOCKED = ('nothing.',)\nm._inside = lambda p: True\n"

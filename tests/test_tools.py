@@ -15,6 +15,7 @@ import torch
 from alignctl.tools import TOOLS, ToolResult, parse_tool_calls, register_tool, run_tool, tool_schemas
 from alignctl.tools.calculator import CalculatorError, evaluate, format_number
 from alignctl.tools.python_sandbox import run_python
+from sandbox_helpers import bwrap_or_skip
 from tool_helpers import TRACES, trace_ids
 
 
@@ -104,6 +105,8 @@ def test_a_slow_or_crashing_tool_becomes_a_message():
 
 @pytest.mark.parametrize("isolation", ["bwrap", "none"])
 def test_python_tool_runs_code_and_cuts_long_output(isolation):
+    if isolation == "bwrap":
+        bwrap_or_skip()
     assert run_python("print(sum(range(10)))", isolation_mode=isolation) == "45\n"
     assert run_python("open('scratch.txt', 'w').write('ok'); print(open('scratch.txt').read())",
                       isolation_mode=isolation) == "ok\n"
@@ -470,10 +473,9 @@ def test_a_fenced_example_is_no_call(char_tokenizer):
 def test_the_rollout_runs_the_python_tool_with_the_configured_isolation(char_tokenizer, isolation, sees_project):
     from alignctl.rollout.base import SamplingParams
     from alignctl.rollout.multi_turn import MultiTurnRollout
-    from alignctl.tools.bwrap import isolation_problem
 
-    if isolation == "bwrap" and isolation_problem():
-        pytest.skip(isolation_problem())
+    if isolation == "bwrap":
+        bwrap_or_skip()
     project = str(Path(__file__).resolve().parents[1])
     code = f"import os; print(os.path.exists({project!r}))"
     policy = _ScriptedPolicy(char_tokenizer, [
