@@ -1,7 +1,7 @@
 """Tools a policy can call during a multi-turn rollout (OpenAI function schema), and the parser
 of the calls it writes. ``TOOLS`` is the registry the config names them from; built-ins:
-``calculator`` (an AST allow-list evaluator) and ``python`` (a sandboxed subprocess, off unless
-enabled). Import is light: no torch, no subprocesses until a tool runs."""
+``calculator`` (an AST allow-list evaluator) and ``python`` (a subprocess in a bubblewrap sandbox,
+off unless enabled). Import is light: no torch, no subprocesses until a tool runs."""
 
 from __future__ import annotations
 
