@@ -160,7 +160,7 @@ def audit(
 ) -> None:
     """Audit preference pairs: empty/identical pairs, duplicates, leakage, length bias, label errors."""
     from alignctl.audit import AuditOptions, KFoldOptions, run_audit
-    from alignctl.audit.report import print_audit_report
+    from alignctl.audit.audit_report import print_audit_report
 
     if kfold is None and kfold_config is not None:
         raise UserError("--kfold-config configures the fold reward models of --kfold; add --kfold K --base-model DIR")
@@ -332,7 +332,7 @@ def plan(
     from alignctl.config import load_config
     from alignctl.config.rl import RLConfig
     from alignctl.plan import make_plan
-    from alignctl.plan.report import plan_record, print_plan
+    from alignctl.plan.plan_report import plan_record, print_plan
 
     cfg = load_config(RLConfig, config, overrides or [], base={"algorithm": {"adv_estimator": "gae"}})
     memory = None if device_memory is None else int(device_memory * 1024**3)

@@ -325,7 +325,7 @@ def test_read_pairs_strings_and_blank_messages(tmp_path: Path) -> None:
 def test_a_finding_on_every_row_is_its_count_and_a_few_examples(arith: Path, tmp_path: Path) -> None:
     """Audited against itself, every row leaks: the page gives the count and the first 5 rows of that
     check, and says where the rest are; flagged.jsonl has every row."""
-    from alignctl.audit.report import EXAMPLES_PER_CHECK
+    from alignctl.audit.audit_report import EXAMPLES_PER_CHECK
 
     data = arith / "pref_train.parquet"
     run_audit(AuditOptions(data=str(data), test=str(data), out=str(tmp_path / "audit")))

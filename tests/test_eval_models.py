@@ -149,7 +149,7 @@ def test_model_against_itself_greedy_is_all_ties(assets: dict[str, Path]) -> Non
 def test_rule_win_rate_hand_computed() -> None:
     """Right beats wrong, anything else ties; prompts without a ground truth are left out."""
     from alignctl.config.eval import EvalConfig
-    from alignctl.eval.runner import rule_win_fields
+    from alignctl.eval.evaluation import rule_win_fields
 
     cfg = EvalConfig(num_bootstrap=200)
     # n = 2: prompt 0: policy [right, wrong] vs reference [wrong, wrong] -> pairs 1, 1, 0.5, 0.5 -> 0.75
@@ -197,7 +197,7 @@ def test_repetition_rates_are_counted_over_each_models_samples(digits_vs_letters
 
 
 def test_a_policy_that_repeats_itself_gets_a_warning(tmp_path: Path) -> None:
-    from alignctl.eval.runner import verdict_fields
+    from alignctl.eval.evaluation import verdict_fields
 
     cfg = load_config(EvalConfig, None, [f"policy={tmp_path}", "prompts=p.parquet"])
     calm = verdict_fields(cfg, {"repetition_rate": 0.15, "reference_repetition_rate": 0.10}, {})
@@ -264,7 +264,7 @@ def test_rule_agreement_of_a_reward_model_and_of_its_negation(assets: dict[str, 
     assert (res.decisive_pairs, res.rm_rule_agreement, res.judge_rule_agreement) == (4, 1.0, 0.0)
     assert res.headline()["decisive_pairs"] == 4.0
     assert not any("blind to correctness" in n for n in res.notes)  # 4 pairs are too few to say
-    from alignctl.eval.runner import write_outputs
+    from alignctl.eval.evaluation import write_outputs
 
     write_outputs(res, tmp_path / "report")
     assert "of 4 pairs where exactly one is right (50% = blind) | reward model 100.0%; judge 0.0% |" in \
@@ -570,7 +570,7 @@ def test_a_judge_that_disagrees_with_the_training_reward_is_warned_about(assets:
     alone = evaluate(model=policy, **common)
     assert alone.warnings == [] and "judged by the reward model the policy was trained against" in alone.notes[0]
     out = tmp_path / "report"
-    from alignctl.eval.runner import write_outputs
+    from alignctl.eval.evaluation import write_outputs
 
     write_outputs(res, out)
     assert "the judge model does not" in (out / "report.md").read_text()
@@ -580,7 +580,7 @@ def test_a_judge_that_disagrees_with_the_training_reward_is_warned_about(assets:
 def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[str, Path]) -> None:
     from types import SimpleNamespace
 
-    from alignctl.eval.runner import role_scores
+    from alignctl.eval.evaluation import role_scores
     from alignctl.eval.scoring import RewardScorer
 
     scorer = RewardScorer(str(assets["rm"]), device="cpu", dtype="float32", batch_size=2, max_length=None,

@@ -65,7 +65,7 @@ def test_eval_scores_under_the_resolved_precision_and_keys_reuse_by_it() -> None
     """eval's rm_precision=bf16_if_native is float32 or bf16 by the device, and the reuse key of the
     scores is that of the precision that ran, so a cache written by one is read by the other's twin."""
     from alignctl.config.eval import EvalConfig
-    from alignctl.eval.runner import scorer_key, scoring_precision
+    from alignctl.eval.evaluation import scorer_key, scoring_precision
 
     native = EvalConfig(policy="p", prompts="x.parquet", rm_precision=BF16_IF_NATIVE)
     resolved = "bf16" if native_bf16("cpu") else "float32"

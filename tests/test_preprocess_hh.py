@@ -183,7 +183,7 @@ def test_rl_prompt_rows_are_the_distinct_prompts_scored_by_a_model(source: Path,
     from alignctl.data.schema import check_row
     from alignctl.errors import UserError
     from alignctl.preflight.context import Context
-    from alignctl.preflight.data import refuse_preference_file
+    from alignctl.preflight.data_checks import refuse_preference_file
 
     _run(tmp_path / "hh", input=str(source), test_fraction=0.5, seed=0)
     for split in ("train", "test"):

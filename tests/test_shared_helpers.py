@@ -350,7 +350,7 @@ def test_every_parquet_caller_uses_the_one_reader(tmp_path: Path) -> None:
     from alignctl.eval.data import load_preference_pairs
     from alignctl.models.tiny import iter_texts
     from alignctl.preflight.context import Context
-    from alignctl.preflight.data import check_columns, check_rl_prompts
+    from alignctl.preflight.data_checks import check_columns, check_rl_prompts
     from alignctl.trainers.sft_common import read_parquet_files
 
     bad = tmp_path / "bad.parquet"
@@ -377,7 +377,7 @@ def test_parquet_callers_share_the_missing_column_and_empty_wording(tmp_path: Pa
     from alignctl.data.rl_dataset import read_prompt_files
     from alignctl.eval.data import load_preference_pairs
     from alignctl.preflight.context import Context
-    from alignctl.preflight.data import check_columns
+    from alignctl.preflight.data_checks import check_columns
     from alignctl.trainers.sft_common import read_parquet_files
 
     import pandas as pd

@@ -1,7 +1,7 @@
 """Pure checks of preference pairs: no files, no models, no printing.
 
 Each function takes plain texts / numbers and returns row indices (or groups of them) plus numbers;
-:mod:`alignctl.audit.runner` feeds them and :mod:`alignctl.audit.report` writes them.
+:mod:`alignctl.audit.auditing` feeds them and :mod:`alignctl.audit.audit_report` writes them.
 Text comparisons use :func:`normalize` (lowercase, whitespace collapsed), so a copy that only
 differs in case or spacing still counts as the same text.
 """

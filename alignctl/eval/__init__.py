@@ -16,9 +16,9 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "evaluate": "alignctl.eval.runner",
-    "run_eval": "alignctl.eval.runner",
-    "print_eval_report": "alignctl.eval.runner",
+    "evaluate": "alignctl.eval.evaluation",
+    "run_eval": "alignctl.eval.evaluation",
+    "print_eval_report": "alignctl.eval.evaluation",
     "EvalResults": "alignctl.eval.results",
 }
 

@@ -20,7 +20,7 @@ def make_plan(cfg: RLConfig, device_memory: int | None = None) -> tuple[Plan, li
 
 def check_fits(cfg: RLConfig, device_memory: int | None = None) -> None:
     """The pre-flight memory check: a one-line error when the peak exceeds the device memory."""
-    from alignctl.plan.report import fit_error
+    from alignctl.plan.plan_report import fit_error
 
     result, changes = make_plan(cfg, device_memory)
     if not result.fits:

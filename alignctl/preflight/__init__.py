@@ -22,15 +22,15 @@ def _checkers() -> dict[type, Callable[[Any, Context], None]]:
     from alignctl.config.import_model import ImportModelConfig
     from alignctl.config.init_model import InitModelConfig
     from alignctl.config.preprocess import PreprocessConfig
-    from alignctl.config.train_rm import RewardModelConfig
     from alignctl.config.rl import RLConfig
     from alignctl.config.sft import SFTConfig
-    from alignctl.preflight import rl, stages
+    from alignctl.config.train_rm import RewardModelConfig
+    from alignctl.preflight import rl_checks, stage_checks
 
-    return {PreprocessConfig: stages.check_preprocess, InitModelConfig: stages.check_init_model,
-            ImportModelConfig: stages.check_import_model,
-            SFTConfig: stages.check_sft, RewardModelConfig: stages.check_reward_model,
-            EvalConfig: stages.check_eval, RLConfig: rl.check_rl}
+    return {PreprocessConfig: stage_checks.check_preprocess, InitModelConfig: stage_checks.check_init_model,
+            ImportModelConfig: stage_checks.check_import_model,
+            SFTConfig: stage_checks.check_sft, RewardModelConfig: stage_checks.check_reward_model,
+            EvalConfig: stage_checks.check_eval, RLConfig: rl_checks.check_rl}
 
 
 def preflight(cfg: Any, *, overwrite: bool = False, pending: Collection[str] = (), outputs: bool = True,

@@ -1,10 +1,11 @@
 """Rule scorers, user reward functions and reward managers.
 
-    gsm8k.compute_score      GSM8K ``#### N`` answers, compared as numbers
-    math.compute_score       math-verify equivalence under a hard per-item timeout
-    default_compute_score    picks one of them from the row's data_source
-    load_reward_function     a user's ``compute_score`` from a Python file
-    build_reward_manager     naive / batch / dapo: responses -> token-level scores
+    gsm8k_scorer.compute_score   GSM8K ``#### N`` answers, compared as numbers
+    math_scorer.compute_score    math-verify equivalence under a hard per-item timeout
+    default_compute_score        picks one of them from the row's data_source (rule_scorers.py)
+    load_reward_function         a user's ``compute_score`` from a Python file (reward_function.py)
+    build_reward_manager         a registered manager (naive / batch / dapo / a plugin's):
+                                 responses -> token-level scores
 
 Importing this package stays light (no torch, transformers, ray, math_verify): it is imported by
 every scoring worker process. The managers (which need torch) load on first attribute access.

@@ -21,7 +21,7 @@ from alignctl.console import track
 from alignctl.audit import checks
 from alignctl.audit.kfold import KFoldOptions
 from alignctl.audit.pairs import PAIR_COLUMNS, Messages, read_frame, read_group_labels, read_pairs, read_test_prompts
-from alignctl.audit.report import AuditResult, CheckResult
+from alignctl.audit.audit_report import AuditResult, CheckResult
 from alignctl.errors import UserError
 
 DEFAULT_MAX_LENGTH = 512  # train-rm's data.max_length default
@@ -262,7 +262,7 @@ def check_options(opts: AuditOptions) -> Path:
 
 def run_audit(opts: AuditOptions) -> AuditResult:
     """Run every check that the options allow and write the report folder; returns the result."""
-    from alignctl.audit.report import write_report
+    from alignctl.audit.audit_report import write_report
     from alignctl.pipeline.atomic import atomic_output_dir
 
     out = check_options(opts)

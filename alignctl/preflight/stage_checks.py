@@ -15,7 +15,7 @@ from alignctl.config.sft import SFTConfig
 from alignctl.errors import UserError
 from alignctl.pipeline.ownership import check_output_dir
 from alignctl.preflight.context import Context
-from alignctl.preflight.data import PREFERENCE_COLUMNS, check_columns, check_file, refuse_preference_file
+from alignctl.preflight.data_checks import PREFERENCE_COLUMNS, check_columns, check_file, refuse_preference_file
 from alignctl.preflight.models import check_layer_count, check_model
 
 

@@ -14,9 +14,9 @@ from alignctl.config.rl import RLConfig
 from alignctl.errors import UserError
 from alignctl.pipeline.ownership import MARKER, check_output_dir, is_empty_dir, is_owned
 from alignctl.preflight.context import Context
-from alignctl.preflight.data import check_rl_prompts
+from alignctl.preflight.data_checks import check_rl_prompts
 from alignctl.preflight.models import check_layer_count, check_model
-from alignctl.preflight.stages import check_python_function
+from alignctl.preflight.stage_checks import check_python_function
 from alignctl.trainers.checkpoint_folders import STATE_FILE, checkpoint_root, complete_checkpoints
 
 
