@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from alignctl.algos import kl_penalized_rewards, make_kl_controller
 from alignctl.batch import Batch
 from alignctl.config.core import to_dict, to_yaml
