@@ -439,7 +439,7 @@ def test_run_eval_writes_a_complete_report(report: Report) -> None:
     assert "<script>" not in html and "<img src=x" not in html
     assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
     md = (out / "report.md").read_text()
-    assert "| win rate vs reference (ties ½) | **100.0%**" in md and "![training curves](plots/training_curves.png)" in md
+    assert "| reward model: win rate vs reference (ties ½) | **100.0%**" in md and "![training curves](plots/training_curves.png)" in md
     # Neither constant model answers an arith question: by the rule every pair is a tie.
     assert res.rule_win_rate == 0.5 and "| win rate by the rule (right beats wrong, else a tie) | **50.0%**" in md
     assert "Win rate by the rule (right beats wrong)" in html
@@ -513,9 +513,9 @@ def test_python_prompts_without_reference_or_reward_model(assets: dict[str, Path
 
 
 def test_report_renders_in_headless_chromium(report: Report, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("headless Chromium not installed (Debian package 'chromium': apt-get install -y chromium)")
+    from browser import chromium_or_skip
+
+    chromium = chromium_or_skip()  # a failure, not a skip, under CI=1
     out = report.out
     shot = tmp_path / "report.png"
     proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
@@ -574,7 +574,9 @@ def test_a_judge_that_disagrees_with_the_training_reward_is_warned_about(assets:
 
     write_outputs(res, out)
     assert "the judge model does not" in (out / "report.md").read_text()
-    assert "Win rate by the judge model" in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "Independent judge: policy preferred" in html and "Training reward model (not independent)" in html
+    assert html.index("Independent judge") < html.index("Training reward model")  # the independent verdict first
 
 
 def test_answers_two_models_share_are_scored_once_and_tie_exactly(assets: dict[str, Path]) -> None:
