@@ -88,3 +88,21 @@ def test_a_right_or_wrong_reward_gets_no_p10_p90_band():
     binary = [(1.0, 0.0), (2.0, 0.0)], [(1.0, 1.0), (2.0, 1.0)]
     spread = [(1.0, 0.1), (2.0, 0.2)], [(1.0, 0.8), (2.0, 0.9)]
     assert not _informative_band(*binary) and _informative_band(*spread)
+
+
+def test_the_curve_table_names_each_metric_in_words(tmp_path):
+    from alignctl.eval.report import write_report
+
+    curves = {"critic/score/mean": [[1.0, 0.1], [2.0, 0.3]], "actor/entropy": [[1.0, 2.0], [2.0, 1.5]]}
+    summary = {k: {"first": v[0][1], "last": v[-1][1], "min": 0.0, "max": 1.0, "steps": 2.0} for k, v in curves.items()}
+    results = _results(curves=curves, curve_summary=summary)
+    import dataclasses
+
+    from alignctl.config.eval import EvalConfig
+
+    results.config.update(dataclasses.asdict(EvalConfig(policy="p", reference="r", prompts="t.parquet", run="run")))
+    write_report(results, tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    assert 'mean reward <span class="sub">(critic/score/mean)</span>' in html
+    assert 'policy entropy <span class="sub">(actor/entropy)</span>' in html
+    assert "| mean reward (`critic/score/mean`) |" in (tmp_path / "report.md").read_text()

@@ -80,6 +80,7 @@ def build_context(results: EvalResults, images: dict[str, bytes]) -> dict[str, A
         "accuracy_metrics": sorted({m for t in results.accuracy.values() for m in t if m != "num_prompts"},
                                    key=lambda m: (m.split("@")[0] != "pass", int(m.split("@")[1]))),
         "images": {name: base64.b64encode(png).decode("ascii") for name, png in images.items()},
+        "curve_labels": {key: panel.label(key) for panel in PANELS for key in panel_keys(panel, results.curve_summary)},
         "samples": choice.samples,
         "samples_how": choice.how,
         "change": change,
