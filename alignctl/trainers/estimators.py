@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from alignctl.algos import advantages as math
+from alignctl.algos import advantages as adv_math
 from alignctl.registries import Registry
 from alignctl.batch import Batch
 from alignctl.trainers.extra_rollouts import EXTRA_ROLLOUTS
@@ -112,8 +112,8 @@ def _mask(data: Batch) -> torch.Tensor:
 
 @register_adv_estimator("gae", critic=True)
 def _gae(data: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return math.gae_advantages(data["token_level_rewards"], _mask(data), values=data["values"],
-                               gamma=config.gamma, lam=config.lam)
+    return adv_math.gae_advantages(data["token_level_rewards"], _mask(data), values=data["values"],
+                                   gamma=config.gamma, lam=config.lam)
 
 
 def _group_estimator(name: str, fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], *, by_std: bool) -> None:
@@ -126,19 +126,19 @@ def _group_estimator(name: str, fn: Callable[..., tuple[torch.Tensor, torch.Tens
     register_adv_estimator(name, min_group_size=2)(estimator)
 
 
-_group_estimator("grpo", math.grpo_advantages, by_std=True)
-_group_estimator("rloo", math.rloo_advantages, by_std=False)
-_group_estimator("opo", math.opo_advantages, by_std=False)
-_group_estimator("reinforce_plus_plus_baseline", math.reinforce_plus_plus_baseline_advantages, by_std=False)
-_group_estimator("grpo_passk", math.grpo_passk_advantages, by_std=True)
+_group_estimator("grpo", adv_math.grpo_advantages, by_std=True)
+_group_estimator("rloo", adv_math.rloo_advantages, by_std=False)
+_group_estimator("opo", adv_math.opo_advantages, by_std=False)
+_group_estimator("reinforce_plus_plus_baseline", adv_math.reinforce_plus_plus_baseline_advantages, by_std=False)
+_group_estimator("grpo_passk", adv_math.grpo_passk_advantages, by_std=True)
 
 
 @register_adv_estimator("reinforce_plus_plus")
 def _reinforce_plus_plus(data: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return math.reinforce_plus_plus_advantages(data["token_level_rewards"], _mask(data), gamma=config.gamma)
+    return adv_math.reinforce_plus_plus_advantages(data["token_level_rewards"], _mask(data), gamma=config.gamma)
 
 
 @register_adv_estimator("remax", extra_rollouts=("greedy_baseline",))
 def _remax(data: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return math.remax_advantages(data["token_level_rewards"], _mask(data), baseline_rewards=data["baseline_rewards"],
-                                 gamma=config.gamma)
+    return adv_math.remax_advantages(data["token_level_rewards"], _mask(data),
+                                     baseline_rewards=data["baseline_rewards"], gamma=config.gamma)
