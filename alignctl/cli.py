@@ -403,7 +403,7 @@ def run(
         typer.echo("\n".join(plan_lines(spec, dry_run_states(outcomes), cores=available_cores(),
                                          sequential=sequential, width=width)))
         return
-    print_summary(outcomes)
+    print_summary(outcomes, spec.workdir)
 
 
 @app.command("_stage", hidden=True)

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from alignctl.console import clip, console, print_table
-from alignctl.tracking import ALARM_PREFIX, REWARD_KEY, gold_key
+from alignctl.console import clip, console
+from alignctl.tracking import ALARM_PREFIX, REWARD_KEY, duration_text, gold_key
 
 
 def _fmt(value: Any) -> str:
@@ -143,20 +143,25 @@ def concerns(kind: str, metrics: dict[str, Any]) -> list[str]:
 
 
 def status_lines(title: str, workdir: Path, stages: list[tuple[str, str, str, dict[str, Any]]],
-                 width: int = 80) -> list[str]:
-    """``alignctl status`` as plain lines of at most ``width`` columns: one per stage (name, kind,
-    state, headline), then the warnings. ``stages``: (name, kind, state, metrics) in run order."""
+                 width: int = 80, seconds: dict[str, float] | None = None) -> list[str]:
+    """``alignctl status`` (and the end of ``alignctl run``) as plain lines of at most ``width``
+    columns: one per stage (name, kind, state, the time it took when ``seconds`` has it, headline),
+    then the warnings. ``stages``: (name, kind, state, metrics) in run order."""
     name_w = max([5, *(len(s[0]) for s in stages)])
     kind_w = max([4, *(len(s[1]) for s in stages)])
-    counts = {state: sum(1 for s in stages if s[2] == state) for state in ("cached", "stale", "missing")}
-    summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    counts = {state: sum(1 for s in stages if s[2] == state) for state in dict.fromkeys(s[2] for s in stages)}
+    summary = ", ".join(f"{n} {state}" for state, n in counts.items())
+    timed = seconds is not None
     lines = [clip(f"{title}: {summary}", width), clip(f"artifacts: {workdir}/<stage>-<key12>", width),
-             f"{'stage':<{name_w}}  {'kind':<{kind_w}}  {'state':<7}  headline"]
+             f"{'stage':<{name_w}}  {'kind':<{kind_w}}  {'state':<7}  " + ("  time  " if timed else "") + "headline"]
     warnings = []
     for name, kind, state, metrics in stages:
-        text = _plain(headline(kind, metrics)) if state == "cached" else ""
-        lines.append(clip(f"{name:<{name_w}}  {kind:<{kind_w}}  {state:<7}  {text}".rstrip(), width))
-        warnings += [f"  {name}: {item}" for item in concerns(kind, metrics)] if state == "cached" else []
+        done = state in ("cached", "ran")
+        text = _plain(headline(kind, metrics)) if done else ""
+        took = (duration_text(seconds[name]) if seconds.get(name) else "-") if seconds is not None else ""
+        lines.append(clip(f"{name:<{name_w}}  {kind:<{kind_w}}  {state:<7}  " + (f"{took:>6}  " if timed else "")
+                          + text, width).rstrip())
+        warnings += [f"  {name}: {item}" for item in concerns(kind, metrics)] if done else []
     if warnings:
         lines += ["warnings:", *(clip(w, width) for w in warnings)]
     return lines
@@ -167,14 +172,17 @@ def _plain(text: str) -> str:
     return re.sub(r"\[/?[a-z ]*\]", "", text)
 
 
-def print_summary(outcomes: list[Any]) -> None:
-    rows = [[o.name, o.kind, o.state, f"{o.seconds:.1f}s" if o.seconds else "-", headline(o.kind, o.metrics)]
-            for o in outcomes]
-    print_table("pipeline", ["stage", "kind", "state", "time", "headline"], rows)
-    console.print("artifacts:")
-    for o in outcomes:
-        console.print(f"  {o.name}: {o.path}")
+def print_summary(outcomes: list[Any], workdir: Path | None = None) -> None:
+    """What ``alignctl run`` prints at the end: the stages as ``alignctl status`` shows them, with the
+    time each took, then where each eval's report is."""
+    import shutil
+
+    width = shutil.get_terminal_size((100, 24)).columns
+    folder = workdir if workdir is not None else (outcomes[0].path.parent if outcomes else Path("."))
+    stages = [(o.name, o.kind, o.state, o.metrics) for o in outcomes]
+    for line in status_lines("pipeline", folder, stages, width, seconds={o.name: o.seconds for o in outcomes}):
+        console.print(line, markup=False, highlight=False)
     for o in outcomes:
         report = o.path / "report.html"
         if o.kind == "eval" and report.exists():
-            console.print(f"report ({o.name}): {report}")
+            console.print(f"report ({o.name}): {report}", markup=False)
