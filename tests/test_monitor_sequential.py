@@ -273,3 +273,12 @@ def test_exploit_onset_by_hand():
     assert bench.onset([0.19, 0.19, 0.19], 0.19, True, 0.05) is None
     # Length: baseline 20, first step past 2 x 20 = 40 (step 1 never counts).
     assert bench.onset([50.0, 30.0, 41.0], 20.0, False, 2.0) == 3
+
+
+def test_lengths_that_never_varied_leave_length_to_the_window_rules():
+    """A baseline whose prompt groups all had the same mean length has no noise scale for the
+    length test: the window rule judges (W=1: start 10, recent 30 > 2 x 10 at step 2)."""
+    monitor = _monitor(_baseline(0.19, group_sd=0.0), window=1)
+    fired = [(s, a.name) for s, m in enumerate([{"response_length/mean": 10.0}, {"response_length/mean": 30.0}], 1)
+             for a in monitor.observe(s, m)]
+    assert fired == [(2, "length_blowup")]

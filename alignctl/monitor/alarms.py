@@ -1,4 +1,8 @@
-"""Training-health alarms: pure rules over the history of logged metrics.
+"""Training-health alarms: pure rules over the history of logged metrics (the window rules).
+
+With a baseline (docs/monitor.md), evidence.py judges reward hacking (beside the trend rule here),
+length, entropy and mode collapse against it; these rules judge them without one, and judge the
+others always.
 
 Notation: W is ``monitor.window``. For a signal x logged at steps 1..n,
 ``start(x)`` is the mean of its first W values (frozen once W values exist) and ``recent(x)`` the

@@ -116,8 +116,8 @@ class LengthTest:
                 f"{self.cusum.statistic:.1f} >= {self.h:.1f}; change began at step {began}")
 
 
-def _recent(metrics_history: list[float], window: int) -> float | None:
-    return sum(metrics_history[-window:]) / window if len(metrics_history) >= window else None
+def _recent(values: list[float], window: int) -> float | None:
+    return sum(values[-window:]) / window if len(values) >= window else None
 
 
 class BaselineRules:
@@ -136,8 +136,10 @@ class BaselineRules:
 
     def _start_tests(self) -> None:
         b = self.baseline
-        self.tests = {"length_blowup": LengthTest(b, self.s, self.s.length_high),
-                      "length_collapse": LengthTest(b, self.s, self.s.length_low)}
+        self.tests = {}
+        if b.length_group_sd > 0:  # lengths that never vary carry no noise scale: the window rules judge them
+            self.tests = {"length_blowup": LengthTest(b, self.s, self.s.length_high),
+                          "length_collapse": LengthTest(b, self.s, self.s.length_low)}
         if b.gold is not None:
             self.tests["reward_hacking"] = GoldTest(b, self.s)
 
@@ -149,7 +151,10 @@ class BaselineRules:
             reasons: dict[str, str | None] = dict.fromkeys(self.JUDGES)
         else:
             reasons = {name: test.update(step, metrics) for name, test in self.tests.items()}
-        reasons |= {"entropy_collapse": self._entropy(metrics), "mode_collapse": self._unique(metrics)}
+        reasons["mode_collapse"] = self._unique(metrics)
+        entropy = self._entropy(metrics)
+        if self.baseline.entropy is not None:
+            reasons["entropy_collapse"] = entropy
         return reasons
 
     def _entropy(self, metrics: dict[str, Any]) -> str | None:
