@@ -113,3 +113,25 @@ def test_verbose_turns_the_step_line_into_the_table(tmp_path: Path, monkeypatch:
     monkeypatch.delenv(VERBOSE_ENV, raising=False)
     assert console_sink() is StepLineSink
     assert console_sink(**{VERBOSE_ENV: "1"}) is ConsoleSink
+
+
+def test_piped_side_by_side_run_prints_the_running_stages_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys):
+    """Spinner lines off (not a terminal): a plain line names each running stage's latest step and ETA."""
+    import subprocess
+    import sys
+
+    from alignctl.console import running_lines
+    from alignctl.pipeline import concurrent
+
+    monkeypatch.setattr(concurrent, "_PLAIN_EVERY_S", 0.0)
+    log = tmp_path / "grpo.log"
+    log.write_text("step 7/20 · 31 s/step · ETA 6m43s · reward 0.4\n")
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    running = [concurrent._Running(concurrent.Job("grpo", 1, ()), [0], process, log),
+               concurrent._Running(concurrent.Job("ppo", 1, ()), [1], process, tmp_path / "ppo.log")]
+    bars = running_lines(enabled=False)
+    concurrent._Ticker().show(running, bars)
+    out = capsys.readouterr().out
+    assert re.search(r"running \(\d+s\): grpo step 7/20 · ETA 6m43s; ppo starting", out), out
