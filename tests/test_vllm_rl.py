@@ -178,3 +178,34 @@ def test_sigkill_then_resume_equals_uninterrupted(assets, tmp_path) -> None:
     assert deterministic(read_metrics(killed)) == deterministic(read_metrics(whole))
     a, b = (load_file(str(p / "actor" / "model.safetensors")) for p in (whole, killed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+POOL = ["trainer.pools.rollout_pool.workers_per_node=1", "trainer.placement.rollout=rollout_pool"]
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_a_rollout_pool_of_its_own_gets_the_weights_every_step(assets, tmp_path, estimator) -> None:
+    """vLLM in a rollout worker on its own pool, the actor training on the default pool: after every
+    update the actor's weights reach the pool (checked by the probe) and each batch records the policy
+    version it was generated with: the update before its step."""
+    run = tmp_path / estimator
+    _fit(rl_config(assets, run, *VLLM, *POOL, f"algorithm.adv_estimator={estimator}",
+                   "trainer.total_training_steps=3"))
+    rows = read_metrics(run)
+    _assert_synced_every_step(rows, 3)
+    assert [r["rollout/policy_version"] for r in rows] == [0.0, 1.0, 2.0]
+    # pushed once per update; step 1's weights went out already for the generation before it (baseline)
+    assert all(r["timing_s/rollout_weight_sync"] > 0 for r in rows[1:])
+
+
+def test_the_pool_placement_learns_what_the_colocated_one_does(assets, tmp_path) -> None:
+    """Same seed: generation on a separate pool gives the colocated run's metrics (vLLM seeds each
+    request, so the same samples, rewards and updates), timings and engine facts aside."""
+    common = [*VLLM, "trainer.total_training_steps=2", "algorithm.adv_estimator=grpo"]
+    _fit(rl_config(assets, tmp_path / "colocated", *common))
+    _fit(rl_config(assets, tmp_path / "pool", *common, *POOL))
+
+    def same(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith((*TIME_DEPENDENT, "rollout/"))} for r in rows]
+
+    assert same(read_metrics(tmp_path / "pool")) == same(read_metrics(tmp_path / "colocated"))

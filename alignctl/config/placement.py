@@ -18,7 +18,7 @@ from alignctl.cores import available_cores
 from alignctl.errors import UserError
 
 DEFAULT_POOL = "global_pool"
-ROLES = ("actor", "critic", "rm")
+ROLES = ("actor", "critic", "rm", "rollout")
 PLACEMENT_STRATEGIES = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a Ray actor / placement-group name
 
@@ -48,6 +48,9 @@ class PlacementConfig:
                                           "(the hybrid engine: the reference always lives with the actor).")
     critic: str = field(DEFAULT_POOL, help="Pool of the critic (used by gae).")
     rm: str = field(DEFAULT_POOL, help="Pool of the reward model (reward_model.enable).")
+    rollout: str = field("", help="Pool of rollout workers of their own, which generate and receive the actor's "
+                                  "weights after every update (a different pool than the actor's). Empty: the "
+                                  "actor's workers generate (the hybrid engine).")
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,8 @@ def _shape(name: str, pool: PoolConfig | None, trainer: Any, gpus_default: int, 
 
 
 def role_pools(trainer: Any, roles: tuple[str, ...] = ROLES) -> dict[str, str]:
-    """role -> pool name, for the roles asked."""
-    return {role: getattr(trainer.placement, role) for role in roles}
+    """role -> pool name, for the roles asked (an unset rollout pool is the actor's: the hybrid engine)."""
+    return {role: getattr(trainer.placement, role) or trainer.placement.actor for role in roles}
 
 
 def pool_shapes(trainer: Any, roles: tuple[str, ...] = ROLES, gpus_default: int = 0) -> dict[str, PoolShape]:
@@ -117,7 +120,7 @@ def check_placement(trainer: Any) -> None:
     for name in trainer.pools:
         if name not in used:
             raise UserError(f"key 'trainer.pools.{name}': no role is placed on it; name it in "
-                            f"trainer.placement.actor / critic / rm, or remove it")
+                            f"trainer.placement.actor / critic / rm / rollout, or remove it")
     for name, pool in trainer.pools.items():
         for resource, amount in pool.resources.items():
             if resource in ("CPU", "GPU", "memory") or isinstance(amount, bool) or not isinstance(amount, (int, float)) \

@@ -506,7 +506,14 @@ class RLConfig:
     @property
     def roles(self) -> tuple[str, ...]:
         """The worker roles this run uses (each placed on a pool by trainer.placement)."""
-        return ("actor", *(("critic",) if self.use_critic else ()), *(("rm",) if self.reward_model.enable else ()))
+        return ("actor", *(("critic",) if self.use_critic else ()), *(("rm",) if self.reward_model.enable else ()),
+                *(("rollout",) if self.separate_rollout else ()))
+
+    @property
+    def separate_rollout(self) -> bool:
+        """Whether rollout workers of their own generate (trainer.placement.rollout names another pool)."""
+        placement = self.trainer.placement
+        return placement.rollout not in ("", placement.actor)
 
     def world_size(self, role: str) -> int:
         """Workers of the pool that holds ``role``: the ranks its batches are split over."""
@@ -546,6 +553,9 @@ class RLConfig:
             raise UserError(f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by the number of "
                             f"{self._workers_of('actor')} ({world}): each worker generates for an equal share of the prompts")
         self._check_registries()
+        if self.separate_rollout and self.data.train_batch_size % self.world_size("rollout"):
+            raise UserError(f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by the number of "
+                            f"{self._workers_of('rollout')} ({self.world_size('rollout')}): each generates an equal share")
         if self.trainer.max_ckpt_to_keep is not None and self.trainer.max_ckpt_to_keep < 1:
             raise UserError(f"key 'trainer.max_ckpt_to_keep' must be at least 1 or null (keep all), "
                             f"got {self.trainer.max_ckpt_to_keep}")

@@ -155,6 +155,7 @@ class RolloutSetup:
     gather_params    a context manager factory that gathers sharded parameters (FSDP2 / ZeRO-3)
     rollout_model    the actor's own low-precision copy for engines with ``dtype_copy`` (else None)
     seed             the run's seed
+    own_copy         ``model`` belongs to the engine (a rollout worker's), not to a trainer
     """
 
     model: Any
@@ -166,6 +167,7 @@ class RolloutSetup:
     gather_params: Any = None
     rollout_model: Any = None
     seed: int = 0
+    own_copy: bool = False
 
 
 class RolloutEngine(ABC):

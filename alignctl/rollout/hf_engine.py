@@ -128,8 +128,10 @@ class HFRolloutEngine(RolloutEngine):
             engine = cls(setup.rollout_model, pad_token_id=setup.pad_token_id, eos_token_id=setup.eos_token_ids)
             engine.holds_own_weights = True
             return engine
-        return cls(setup.model, pad_token_id=setup.pad_token_id, eos_token_id=setup.eos_token_ids,
-                   gather_params=setup.gather_params)
+        engine = cls(setup.model, pad_token_id=setup.pad_token_id, eos_token_id=setup.eos_token_ids,
+                     gather_params=setup.gather_params)
+        engine.holds_own_weights = setup.own_copy
+        return engine
 
     # -- lifecycle: weights are shared with the trainer, and the KV cache lives only inside generate():
     # no tensor of a rollout outlives the call except the returned output (on the CPU).
@@ -153,12 +155,26 @@ class HFRolloutEngine(RolloutEngine):
         if isinstance(weights, nn.Module):
             self.model = weights
             return
-        params = dict(self.model.named_parameters())
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # a tied head by both names
         with torch.no_grad():
             for name, tensor in weights:
                 if name not in params:
                     raise KeyError(f"sync_weights: the rollout module has no parameter {name!r}")
                 params[name].copy_(tensor)
+
+    @torch.no_grad()
+    def probe_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor | None:
+        """Only an engine with its own copy has anything to verify; float32, no autocast."""
+        if not self.holds_own_weights:
+            return None
+        ids = torch.tensor([list(token_ids)], device=_module_device(self.model))
+        with self.gather_params(), _eval_mode(self.model), torch.autocast(ids.device.type, enabled=False):
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+        return logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].cpu()
+
+    @property
+    def compute_dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutOutput:
         vocab = getattr(self.model.config, "vocab_size", None)

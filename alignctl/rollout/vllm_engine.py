@@ -92,8 +92,8 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_sleep_mode=self.can_sleep, logprobs_mode="processed_logprobs", **llm_kwargs)
         if cuda_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
+        if max_model_len is not None:  # at most what the model's positions allow (vLLM refuses more)
+            kwargs["max_model_len"] = min(max_model_len, _position_limit(model_path) or max_model_len)
         threads = torch.get_num_threads()
         self.llm = vllm.LLM(**kwargs)
         # vLLM's CPU worker lowers torch's thread count for serving; the trainer in this process keeps its own.
@@ -201,6 +201,13 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs=0 if params.logprobs else None,
             detokenize=False,
         )
+
+
+def _position_limit(model_path: str) -> int | None:
+    from transformers import AutoConfig
+
+    limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    return int(limit) if limit else None
 
 
 def _chosen_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:

@@ -81,7 +81,8 @@ def start_workers(cfg: RLConfig, total_steps: int) -> PooledWorkers:
                                {"config": config, "total_steps": total_steps}),
              "critic": RoleSpec("critic", "alignctl.workers.critic:CriticWorker",
                                 {"config": config, "total_steps": total_steps}),
-             "rm": RoleSpec("rm", "alignctl.workers.rm_worker:RewardModelWorker", {"config": config})}
+             "rm": RoleSpec("rm", "alignctl.workers.rm_worker:RewardModelWorker", {"config": config}),
+             "rollout": RoleSpec("rollout", "alignctl.workers.rollout_worker:RolloutWorker", {"config": config})}
     roles = {role: specs[role] for role in cfg.roles}
     return start_pools(pools, roles, role_pools(cfg.trainer, cfg.roles), import_roots(cfg.algorithm.plugins),
                        reuse=cfg.trainer.reuse_workers)

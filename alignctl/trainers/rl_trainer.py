@@ -40,6 +40,7 @@ from alignctl.errors import RunFailed, UserError
 from alignctl.tracking import Tracker
 from alignctl.workers.group import WorkerFailed
 from alignctl.workers.pooled_workers import Call, run_calls
+from alignctl.workers.rollout_sync import PROBE_TOKENS
 
 # Columns each worker call needs (sending only these keeps Ray's object traffic small).
 LOGP_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -69,6 +70,8 @@ class RLTrainer:
         self.monitor = make_monitor(cfg.monitor) if cfg.monitor.enable else None
         self.need_ref = cfg.needs_reference
         self.on_policy = is_on_policy(cfg)
+        self.rollout_version: int | None = None  # the actor update a rollout pool of its own generates with
+        self.rollout_probe: list[int] | None = None
 
     # ------------------------------------------------------------------ the step
 
@@ -114,7 +117,27 @@ class RLTrainer:
         prompts.meta.update(n=n, do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=self.cfg.trainer.seed * 7919 + self.global_step, global_step=self.global_step,
                             prompt_width=prompt_width or max(len(p) for p in prompts["prompt_ids"]))
-        return self.workers.split("actor", "generate_sequences", prompts)
+        if not self.cfg.separate_rollout:
+            return self.workers.split("actor", "generate_sequences", prompts)
+        sync_s = self.push_rollout_weights(prompts["prompt_ids"][0])
+        batch = self.workers.split("rollout", "generate_sequences", prompts)
+        batch.meta["rollout_metrics"] = {**batch.meta.get("rollout_metrics", {}), "timing_s/rollout_weight_sync": sync_s,
+                                         "rollout/policy_version": float(batch.meta["policy_version"])}
+        return batch
+
+    def push_rollout_weights(self, first_prompt: list[int]) -> float:
+        """A rollout pool of its own gets the actor's weights once per update (and after a resume):
+        rank 0's export goes to every rollout worker through Ray's object store, not via this process.
+        Returns the seconds it took (0 when the pool already has them)."""
+        if self.rollout_version == self.global_step:
+            return 0.0
+        start = time.perf_counter()
+        self.rollout_probe = self.rollout_probe or list(first_prompt)[:PROBE_TOKENS]
+        exported = self.workers.broadcast_async("actor", "export_rollout_weights", self.rollout_probe)
+        self.workers.broadcast("rollout", "load_weights", exported[0], self.global_step)
+        self.workers.gather("actor", "export_rollout_weights", exported[1:])  # None each: rank 0's went to the pool
+        self.rollout_version = self.global_step
+        return time.perf_counter() - start
 
     def add_extra_rollouts(self, prompts: Batch, batch: Batch) -> Batch:
         """The extra rollouts the estimator declares (ReMax: its greedy baseline), unioned into ``batch``."""

@@ -4,7 +4,6 @@ very same module (no weight copy for the ``hf`` engine) and holds the frozen ref
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -14,14 +13,14 @@ from alignctl.batch import Batch
 from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
-from alignctl.rollout import SamplingParams, build_rollout_engine, engine_entry
+from alignctl.rollout import build_rollout_engine, engine_entry
 from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, float32_output_head, on_worker_device
+from alignctl.workers.generation import generate_batch, with_tools
 from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
-from alignctl.workers.rollout_sync import RolloutSyncCheck
 from alignctl.workers.model_setup import build_policy, resolve_packing_settings, save_hf_folder
-from alignctl.workers.sequences import assemble, expand_lists
+from alignctl.workers.rollout_sync import RolloutSyncCheck, trainer_probe_log_probs
 from alignctl.workers.train_engine import TrainEngine
 from alignctl.workers.update_loop import run_update
 
@@ -39,16 +38,12 @@ class ActorRolloutRefWorker:
         self.policy = build_policy(self.cfg, ctx, total_steps)
         self.engine: TrainEngine = self.policy.engine
         self.tokenizer = self.policy.tokenizer
-        self.rollout = build_rollout_engine(arr.rollout, self.policy.rollout_setup(self.cfg))
+        # With a rollout pool of its own (trainer.placement.rollout) the actor only trains and exports
+        # its weights; otherwise it generates itself (the hybrid engine).
+        self.rollout = None if self.cfg.separate_rollout else with_tools(
+            build_rollout_engine(arr.rollout, self.policy.rollout_setup(self.cfg)), self.cfg, self.tokenizer,
+            self.policy.eos_ids)
         self.sync_check = RolloutSyncCheck(arr.rollout.verify_sync, arr.rollout.sync_check_tol)
-        mt = arr.rollout.multi_turn
-        if mt.enable:  # conversations with tools on top of the same engine
-            from alignctl.rollout.multi_turn import MultiTurnRollout
-
-            self.rollout = MultiTurnRollout(self.rollout, self.tokenizer, mt.tools, max_turns=mt.max_turns,
-                                            max_response_length=self.cfg.data.max_response_length,
-                                            stop_ids=self.policy.eos_ids, timeout_s=mt.tool_timeout_s,
-                                            max_parallel_tools=mt.max_parallel_tools, lanes=mt.lanes)
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
@@ -63,26 +58,25 @@ class ActorRolloutRefWorker:
     # ------------------------------------------------------------------ rollout
 
     def generate_sequences(self, prompts: Batch) -> Batch:
-        meta = prompts.meta
-        params = SamplingParams(
-            n=meta["n"], temperature=meta["temperature"], top_p=meta["top_p"], top_k=meta["top_k"],
-            max_new_tokens=self.cfg.data.max_response_length, greedy=not meta["do_sample"],
-            seed=meta["seed"] * 1009 + self.ctx.rank,
-        )
-        start = time.perf_counter()
-        self.rollout.wake()
-        self._sync_rollout_weights(prompts["prompt_ids"][0], meta.get("global_step", 0) + 1)  # the step it serves
-        with autocast(self.ctx.device, self.rollout_precision):
-            out = self.rollout.generate(prompts["prompt_ids"], params)
-        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
-            self.rollout.sleep()
-        tensors = assemble(prompts["prompt_ids"], out, prompt_width=meta["prompt_width"],
-                           response_width=self.cfg.data.max_response_length, pad_id=self.policy.pad_id)
-        tensors["group_index"] = torch.as_tensor([prompts["uid"][int(i)] for i in out.prompt_index])
-        gen_meta = {"temperature": params.logprob_temperature, "timing_s/gen_worker": time.perf_counter() - start,
-                    "rollout_metrics": {**{k: v for k, v in out.metrics.items() if k.startswith("multi_turn/")},
-                                        **self.rollout.status_metrics(), **self.sync_check.metrics}}
-        return Batch(tensors, expand_lists(prompts, out), {**meta, **gen_meta})
+        step = prompts.meta.get("global_step", 0) + 1  # the step this rollout serves
+        return generate_batch(
+            self.rollout, prompts, max_new_tokens=self.cfg.data.max_response_length, rank=self.ctx.rank,
+            device=self.ctx.device, precision=self.rollout_precision, pad_id=self.policy.pad_id,
+            free_cache=self.cfg.actor_rollout_ref.rollout.free_cache_engine,
+            before=lambda: self._sync_rollout_weights(prompts["prompt_ids"][0], step),
+            extra_metrics=lambda: self.sync_check.metrics)
+
+    @torch.no_grad()
+    def export_rollout_weights(self, probe: list[int]) -> dict[str, Any] | None:
+        """For a rollout pool of its own: the policy's complete weights (merged under LoRA) and the
+        trainer's log-probs of ``probe``, which the rollout workers check their engine against.
+        Collective; rank 0 returns them, the others None."""
+        weights = self.policy.rollout_weights()
+        with self.engine.gathered() as model:
+            probe_log_probs = trainer_probe_log_probs(model, probe)
+        if self.ctx.rank != 0:
+            return None
+        return {"weights": weights, "probe": list(probe), "probe_log_probs": probe_log_probs}
 
     def _sync_rollout_weights(self, first_prompt: list[int], step: int) -> None:
         """``hf`` generates with the training module itself: nothing to do. An engine with its own copy

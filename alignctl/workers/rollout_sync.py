@@ -53,10 +53,17 @@ class RolloutSyncCheck:
             self.probe = [int(t) for t in first_prompt][:PROBE_TOKENS]
         if len(self.probe) < 2:
             return
-        engine_lp = engine.probe_log_probs(self.probe)
+        self.compare(engine, self.probe, trainer_probe_log_probs(model, self.probe), step)
+
+    def compare(self, engine: RolloutEngine, probe: Sequence[int], trainer_log_probs: torch.Tensor, step: int) -> None:
+        """The engine's log-probs of ``probe`` against the trainer's (computed here, or by the actor
+        for a rollout pool of its own); RunFailed naming ``step`` when they differ too much."""
+        if not self.enabled:
+            return
+        engine_lp = engine.probe_log_probs(probe)
         if engine_lp is None:
             return
-        diff = float((engine_lp.float() - trainer_probe_log_probs(model, self.probe)).abs().max())
+        diff = float((engine_lp.float() - trainer_log_probs.float()).abs().max())
         tolerance = self.tolerance if self.tolerance is not None else default_tolerance(engine)
         self.metrics = {"rollout/sync_probe_max_abs_diff": diff}
         if not diff <= tolerance:  # NaN fails too
