@@ -228,7 +228,7 @@ class RolloutConfig:
     verify_sync: bool = field(True, help="After every weight sync into an engine with its own copy (vllm), "
                                          "compare its log-probs of a fixed probe sequence with the trainer's; "
                                          "a difference over sync_check_tol stops the run naming the step.")
-    sync_check_tol: float | None = field(None, gt=0, help="Largest allowed |log-prob difference| of the sync "
+    sync_check_tol: float | None = field(None, gt=0, help="Largest allowed absolute log-prob difference of the sync "
                                                           "check (default: 1e-3 for a float32 engine, 0.5 for "
                                                           "bf16/fp16).")
     free_cache_engine: bool = field(True, help="Free the rollout's memory after every generation: hf drops its KV "
