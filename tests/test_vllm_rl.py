@@ -81,10 +81,12 @@ def test_grpo_three_steps_one_worker(assets, tmp_path) -> None:
     assert any(abs(r["actor/pg_loss"]) > 0 for r in rows)  # real updates happened between the syncs
 
 
-def test_ppo_with_a_critic_three_steps_two_workers(assets, tmp_path) -> None:
+def test_ppo_with_a_critic_three_steps_two_fsdp2_workers(assets, tmp_path) -> None:
+    """Two workers, each with its own vLLM; the actor's FSDP2 shards are gathered into full tensors
+    for every sync (the probe confirms each worker's engine got the whole policy)."""
     run = tmp_path / "ppo"
     result = _fit(rl_config(assets, run, *VLLM, "algorithm.adv_estimator=gae", "trainer.total_training_steps=3",
-                            "trainer.n_gpus_per_node=2"))
+                            "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2"))
     rows = read_metrics(run)
     assert result.steps == 3 and all("critic/vf_loss" in r for r in rows)
     _assert_synced_every_step(rows, 3)

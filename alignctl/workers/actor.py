@@ -71,7 +71,7 @@ class ActorRolloutRefWorker:
         """For a rollout pool of its own: the policy's complete weights (merged under LoRA) and the
         trainer's log-probs of ``probe``, which the rollout workers check their engine against.
         Collective; rank 0 returns them, the others None."""
-        weights = self.policy.rollout_weights()
+        weights = [(name, t.cpu()) for name, t in self.policy.rollout_weights()]  # through Ray's object store
         with self.engine.gathered() as model:
             probe_log_probs = trainer_probe_log_probs(model, probe)
         if self.ctx.rank != 0:

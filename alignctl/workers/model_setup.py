@@ -95,7 +95,11 @@ class Policy:
         """The policy's complete weights under their plain HF names, for an engine holding its own copy
         (collective under sharding: every rank calls). Under LoRA the adapters are merged first, so
         the engine generates with exactly the trained policy."""
-        state = self.engine.full_state_dict()
+        # Not engine.full_state_dict(): under FSDP2 that fills rank 0 only, and every rank's engine needs
+        # all of it. Sharded tensors are gathered one by one (every rank walks the same names in order).
+        with self.engine.gathered() as model:
+            state = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+                     for name, t in model.state_dict().items()}
         if self.lora is None:
             return list(state.items())
         merged = merge_lora_state(state, self.model.config, self.lora)
