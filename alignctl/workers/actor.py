@@ -17,12 +17,12 @@ from alignctl.rollout import build_rollout_engine, engine_entry
 from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, float32_output_head, on_worker_device
 from alignctl.workers.generation import generate_batch, with_tools
-from alignctl.workers.group import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, resolve_packing_settings, save_hf_folder
 from alignctl.workers.rollout_sync import RolloutSyncCheck, trainer_probe_log_probs
 from alignctl.workers.train_engine import TrainEngine
 from alignctl.workers.update_loop import run_update
+from alignctl.workers.worker_process import DistContext
 
 
 class ActorRolloutRefWorker:

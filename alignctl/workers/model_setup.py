@@ -26,11 +26,11 @@ from alignctl.models.blocks import freeze_bottom_layers
 from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.rollout import RolloutSetup, engine_entry
-from alignctl.workers.group import DistContext
 from alignctl.workers.low_precision import low_precision_copy
 from alignctl.workers.offload import ParkedModule
 from alignctl.workers.strategy import build_lr_scheduler, build_optimizer, make_engine
 from alignctl.workers.train_engine import TrainEngine
+from alignctl.workers.worker_process import DistContext
 
 
 def warmup_steps(optim: OptimConfig, total_steps: int) -> int:

@@ -20,9 +20,9 @@ from alignctl.config.rl import RLConfig
 from alignctl.models.loading import load_causal_lm, load_tokenizer
 from alignctl.rollout import RolloutSetup, build_rollout_engine, engine_entry
 from alignctl.workers.generation import generate_batch, with_tools
-from alignctl.workers.group import DistContext
 from alignctl.workers.model_setup import eos_ids
 from alignctl.workers.rollout_sync import RolloutSyncCheck
+from alignctl.workers.worker_process import DistContext
 
 
 class RolloutWorker:
