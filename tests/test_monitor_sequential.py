@@ -215,6 +215,16 @@ def test_false_alarm_rate_of_healthy_streams_is_within_the_configured_rate(p: fl
     assert alarms / runs <= 0.10 + 3 * math.sqrt(0.1 * 0.9 / runs), alarms
 
 
+@pytest.mark.xfail(strict=True, reason="known limit: near-perfect accuracy with correlated prompts makes the batch "
+                                      "mean's left tail heavier than the design effect's binomial model; a 16-prompt "
+                                      "baseline then gives about 3x the configured rate over 100 steps")
+def test_false_alarm_rate_at_high_accuracy_with_correlated_prompts_over_a_long_run():
+    rng = random.Random(11)
+    runs = 200
+    alarms = sum(_simulate(rng, 0.9, icc=0.3, steps=100, rate=0.05) is not None for _ in range(runs))
+    assert alarms / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), alarms
+
+
 def test_detection_delay_of_a_planted_fall_matches_walds_approximation():
     """Accuracy 0.19 -> 0.06 at step 2, 64 responses a step (16 prompts x 4), independent responses,
     20-step run at 5%: the median alarm is 2 steps after the onset batch, as Wald's h / drift says for
