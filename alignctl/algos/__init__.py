@@ -21,6 +21,7 @@ from alignctl.algos.kl_control import (
 )
 from alignctl.algos.masked import masked_count, masked_mean, masked_sum, masked_var, masked_whiten, safe_div
 from alignctl.algos.policy_loss import POLICY_LOSSES, PolicyLoss, get_policy_loss, register_policy_loss
+from alignctl.algos.rollout_correction import ROLLOUT_CORRECTION_MODES, rollout_correction_weights, rollout_mismatch
 from alignctl.registries import Registry
 from alignctl.algos.value import compute_value_loss
 
@@ -33,6 +34,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "PolicyLoss",
+    "ROLLOUT_CORRECTION_MODES",
     "Registry",
     "agg_loss",
     "bradley_terry_loss",
@@ -54,5 +56,7 @@ __all__ = [
     "masked_whiten",
     "preference_accuracy",
     "register_policy_loss",
+    "rollout_correction_weights",
+    "rollout_mismatch",
     "safe_div",
 ]
