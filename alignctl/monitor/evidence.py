@@ -23,9 +23,9 @@ from typing import Any
 from alignctl.monitor.baseline import RESPONSES_KEY, Baseline, scored_responses
 from alignctl.monitor.sequential import (Cusum, bernoulli_llr, gaussian_llr, halved_odds, threshold)
 
-# The baseline's own noise: its rate is lowered by one standard error before testing (in
-# simulation, tests/test_monitor_sequential.py, this kept false alarms under the configured rate
-# where two standard errors halved the speed, and none left them at about three times it).
+# The baseline's own noise: its value is moved one standard error toward the change before testing.
+# In simulated healthy runs that kept false alarms within the configured rate (the tests check it),
+# where no move gave about three times the rate and two standard errors about doubled the delay.
 MARGIN_SE = 1.0
 GOLD_NAMES = {"reward/rule_score/mean": "rule score", "reward/extra/acc/mean": "reward's acc"}
 
