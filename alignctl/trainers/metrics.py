@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from alignctl.algos import masked_mean
+from alignctl.algos import masked_mean, rollout_mismatch
 from alignctl.batch import Batch
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -64,14 +64,18 @@ def kl_metrics(batch: Batch) -> dict[str, float]:
 def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
     """How far the rollout engine's log-probs of the sampled tokens are from the recomputed old
     log-probs (absolute difference over response tokens): near 0 for hf in float32; what the PPO
-    ratio would absorb with ``actor.recompute_old_log_prob=false``. Nothing when they were reused."""
+    ratio would absorb with ``actor.recompute_old_log_prob=false``; with it, verl's ``rollout_corr/*``
+    mismatch measures (KL k1/k3, chi-square, perplexities: algos/rollout_correction.py). Nothing when
+    they were reused."""
     if batch.meta.get("old_log_probs_from") != "recomputed" or "rollout_log_probs" not in batch:
         return {}
     mask = batch["response_mask"].bool()
     diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
     if diff.numel() == 0:
         return {}
-    return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max())}
+    gap = rollout_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+    return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max()),
+            **{f"rollout_corr/{name}": float(value) for name, value in gap.items()}}
 
 
 class Timer:
