@@ -309,6 +309,9 @@ class CustomRewardFunction:
     name: str = field("compute_score", help="Function name: compute_score(data_source, solution_str, ground_truth, extra_info).")
 
 
+ROLLOUT_CORRECTION_MODES = ("none", "token_tis", "seq_is", "seq_mask")  # alignctl.algos.rollout_correction's
+
+
 @dataclass
 class KLControl:
     type: str = field("fixed", help="KL coefficient controller.", choices=("fixed", "adaptive"))
@@ -322,6 +325,20 @@ class FilterGroups:
     enable: bool = field(False, help="DAPO dynamic sampling: drop prompts whose responses all got the same score "
                                      "and keep generating until the batch is full.")
     max_num_gen_batches: int = field(10, ge=1, help="Give up (error) after this many generation rounds in one step.")
+
+
+@dataclass
+class RolloutCorrection:
+    mode: str = field("none", help="Correct for the gap between the rollout engine's probabilities and the trainer's "
+                                   "(an engine in bf16, stale weights): token_tis weights each token's loss by "
+                                   "min(pi_old/pi_rollout, cap); seq_is weights a whole response by its capped "
+                                   "product of ratios; seq_mask drops responses whose per-token geometric-mean ratio "
+                                   "is outside [mask_low, mask_high]. none: no correction. The rollout_corr/* "
+                                   "mismatch metrics are logged either way whenever the old log-probs are recomputed.",
+                         choices=ROLLOUT_CORRECTION_MODES)
+    cap: float = field(2.0, ge=1, help="token_tis / seq_is: the largest weight (C).")
+    mask_low: float = field(0.999, gt=0, le=1, help="seq_mask: smallest geometric-mean ratio kept.")
+    mask_high: float = field(1.001, ge=1, help="seq_mask: largest geometric-mean ratio kept.")
 
 
 @dataclass
@@ -342,6 +359,8 @@ class AlgorithmConfig:
     kl_penalty: str = field("kl", help="KL estimator in the reward (kl/k1, abs, mse/k2, low_var_kl/k3).")
     kl_ctrl: KLControl = section(KLControl, help="KL-in-reward coefficient controller.")
     filter_groups: FilterGroups = section(FilterGroups, help="DAPO dynamic sampling.")
+    rollout_correction: RolloutCorrection = section(RolloutCorrection, help="Importance weights for the rollout "
+                                                                            "engine's gap to the trainer (off).")
     plugins: list[str] = field(default_factory=list, help="Modules (my_pkg.losses) or .py files imported in the "
                                                           "controller and every worker before the registries are read: "
                                                           "they register estimators, losses, reward managers and tools "
@@ -584,6 +603,14 @@ class RLConfig:
             if getattr(self.trainer, key) == 0:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
         self._check_estimator_needs()
+        self._check_rollout_correction()
+
+    def _check_rollout_correction(self) -> None:
+        """The weights compare the engine's log-probs with the trainer's own: they must be recomputed."""
+        if self.algorithm.rollout_correction.mode != "none" and not self.actor_rollout_ref.actor.recompute_old_log_prob:
+            raise UserError(f"key 'algorithm.rollout_correction.mode' ({self.algorithm.rollout_correction.mode}) "
+                            "needs actor_rollout_ref.actor.recompute_old_log_prob=true (with false the old log-probs "
+                            "are the engine's own, so there is no gap to correct)")
 
     def _check_estimator_needs(self) -> None:
         """What the registered estimator declares it needs (trainers/estimators.py)."""

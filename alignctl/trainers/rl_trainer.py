@@ -33,6 +33,7 @@ from alignctl.trainers.checkpoint_folders import (checkpoint_root, commit, read_
                                           start_partial, truncate_metrics, write_state)
 from alignctl.trainers.metrics import (Timer, data_metrics, kl_metrics, rollout_mismatch_metrics, throughput,
                                       tool_metrics)
+from alignctl.trainers.rollout_correction import apply_rollout_correction
 from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
 from alignctl.trainers.validation import validate
 from alignctl.console import console
@@ -44,7 +45,7 @@ from alignctl.workers.rollout_sync import PROBE_TOKENS
 
 # Columns each worker call needs (sending only these keeps Ray's object traffic small).
 LOGP_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
-ACTOR_UPDATE_INPUTS = (*LOGP_INPUTS, "old_log_probs", "advantages", "ref_log_prob")
+ACTOR_UPDATE_INPUTS = (*LOGP_INPUTS, "old_log_probs", "advantages", "ref_log_prob", "rollout_is_weights")
 
 
 @dataclass
@@ -83,6 +84,7 @@ class RLTrainer:
             order = self.balance_order(batch)
             batch = batch.index(order)
             batch = self.forward_passes(batch, timer)
+            batch, correction_metrics = apply_rollout_correction(batch, self.cfg.algorithm.rollout_correction)
             with timer("reward"):
                 # Scored in generation order: put the scores in the balanced order of the batch.
                 batch = batch.union(pending_reward.result().index(order))
@@ -92,7 +94,7 @@ class RLTrainer:
             metrics |= self.updates(batch, timer)
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | tool_metrics(batch)
-        metrics |= rollout_mismatch_metrics(batch)
+        metrics |= rollout_mismatch_metrics(batch) | correction_metrics
         metrics |= batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.total_workers)
         metrics |= response_diversity(batch["responses"], batch["response_mask"],
@@ -444,10 +446,11 @@ def is_on_policy(cfg: RLConfig) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): the policy that sampled is the one
     being updated, so the PPO ratio's "old" log-probs equal the current ones detached and the
     separate old-log-prob pass can be skipped (exact: same weights, same inputs). KL-in-reward
-    still needs them before the update."""
+    still needs them before the update, and so does rollout correction (it compares them with the
+    engine's)."""
     actor = cfg.actor_rollout_ref.actor
     return (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
-            and not cfg.algorithm.use_kl_in_reward)
+            and not cfg.algorithm.use_kl_in_reward and cfg.algorithm.rollout_correction.mode == "none")
 
 
 def _summary(result: RunResult) -> dict[str, Any]:

@@ -155,8 +155,13 @@ class ActorRolloutRefWorker:
                 max_tokens_per_row=None, share_prompt=self.cfg.actor_rollout_ref.model.share_prompt)
         # On-policy steps skip the old-log-prob pass: the sampling policy is the current one.
         old = part["old_log_probs"] if "old_log_probs" in part else out.log_probs.detach()
+        # Rollout correction's weights (0 for a rejected response) scale each token's loss: every built-in
+        # loss is positively homogeneous in the advantage, so weighting the advantage does exactly that.
+        advantages = part["advantages"]
+        if "rollout_is_weights" in part:
+            advantages = advantages * part["rollout_is_weights"]
         pg_loss, diag = get_policy_loss(actor.policy_loss.loss_mode)(
-            old, out.log_probs, part["advantages"], mask,
+            old, out.log_probs, advantages, mask,
             loss_agg_mode=actor.loss_agg_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
             clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c, **counts)
         entropy = agg_loss(out.entropy, mask, actor.loss_agg_mode, **counts)
