@@ -48,3 +48,27 @@ def test_seq_mask_keeps_every_response_when_the_gap_is_rounding(assets, tmp_path
     rows = read_metrics(tmp_path / "run")
     assert all(all_finite(r) for r in rows) and rows[0]["actor/grad_norm"] > 0
     assert all(r["rollout_corr/rollout_rs_seq_masked_fraction"] == 0.0 for r in rows)
+
+
+def test_multi_turn_weights_line_up_with_the_sampled_tokens(tool_model, tmp_path):
+    """A multi-turn response interleaves sampled tokens with tool output the engine gave no
+    log-prob for: the weights are taken over the loss mask only, so the engine-trainer gap stays
+    rounding-sized and no weight is truncated (the fitted model is confident, but not certain:
+    its perplexity is above 1)."""
+    from alignctl.config import load_config
+    from alignctl.config.rl import RLConfig
+
+    cfg = load_config(RLConfig, None, [
+        f"data.train_files=[{tool_model['data']}]", f"actor_rollout_ref.model.path={tool_model['model']}",
+        f"trainer.run_dir={tmp_path / 'run'}", "data.train_batch_size=2", "data.max_prompt_length=1024",
+        "data.max_response_length=256", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
+        "trainer.n_gpus_per_node=1", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+        "trainer.total_training_steps=1", "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.max_turns=3",
+        "data.shuffle=false", "actor_rollout_ref.rollout.multi_turn.valid_call_reward=0.1",
+        "actor_rollout_ref.rollout.multi_turn.tool_error_penalty=0.2", "algorithm.rollout_correction.mode=token_tis"])
+    RLTrainer(cfg).fit()
+    row = read_metrics(tmp_path / "run")[0]
+    assert row["multi_turn/calls_per_sample"] > 0 and all_finite(row) and row["rollout_corr/training_ppl"] > 1.0
+    assert row["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0
+    assert abs(row["rollout_corr/kl"]) < 1e-4 and row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
