@@ -55,7 +55,11 @@ def test_rlhf_trainer_trains_and_saves(tmp_path):
         result = trainer.train(num_episodes=8)  # 2 steps of 4 prompts
     finally:
         ray.shutdown()
-    assert result.steps == 2 and len(calls) == 8  # the Python callable scored every response
+    from alignctl.config.rl import MonitorConfig
+
+    # the Python callable scored every response: 2 steps x 4, and the monitor's baseline before step 1
+    # (baseline_prompts prompts, one response each at rollout.n=1)
+    assert result.steps == 2 and len(calls) == 8 + MonitorConfig().baseline_prompts
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and "critic/vf_loss" in rows[0]
     saved = trainer.save_model(tmp_path / "policy")
