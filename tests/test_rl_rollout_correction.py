@@ -72,3 +72,29 @@ def test_multi_turn_weights_line_up_with_the_sampled_tokens(tool_model, tmp_path
     assert row["multi_turn/calls_per_sample"] > 0 and all_finite(row) and row["rollout_corr/training_ppl"] > 1.0
     assert row["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0
     assert abs(row["rollout_corr/kl"]) < 1e-4 and row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_rejected_response_contributes_nothing_to_the_actor_update(assets, tmp_path):
+    """The actor's loss with weight 0 on some responses equals the loss with those responses'
+    advantages set to 0, exactly (loss and gradient), and the rest still trains."""
+    import torch
+
+    from alignctl.batch import Batch
+    from test_rl_loop import _prompt_batch, _update_group
+
+    results = []
+    for weighted in (False, True):
+        group = _update_group(assets, tmp_path / str(weighted), world=1, micro=8)
+        try:
+            batch = group.split("actor", "generate_sequences", _prompt_batch(group, assets))
+            batch = batch.union(group.split("actor", "compute_log_prob", batch).select(["old_log_probs"]))
+            advantages = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0))
+            keep = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]).unsqueeze(-1) * batch["response_mask"]
+            columns = ({"advantages": advantages, "rollout_is_weights": keep} if weighted
+                       else {"advantages": advantages * keep})
+            results.append(group.split_collect("actor", "update_actor", batch.union(Batch(columns)))[0])
+        finally:
+            group.shutdown()
+    assert results[0]["actor/grad_norm"] > 0
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert results[1][key] == results[0][key], key
