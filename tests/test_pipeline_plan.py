@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from alignctl.pipeline.cache import artifact_dir, stage_keys
 from alignctl.pipeline.manifest import write_manifest
 from alignctl.pipeline.ownership import mark_owned
@@ -61,7 +63,8 @@ def test_dry_run_shows_order_side_by_side_and_an_estimate_from_earlier_manifests
     assert all(len(line) <= 80 for line in narrow) and narrow[1:4] == lines[1:4]
 
 
-def test_dry_run_of_a_fresh_workdir_says_there_is_no_estimate(tmp_path: Path):
+def test_dry_run_of_a_fresh_workdir_says_there_is_no_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("COLUMNS", "200")  # lines are cut to the terminal's width, which differs between runners
     path = tmp_path / "p.yaml"
     path.write_text(PIPELINE)
     result = run_cli("run", str(path), "--dry-run")
