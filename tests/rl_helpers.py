@@ -85,3 +85,28 @@ def with_advantages(batch: Batch, seed: int = 0) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     return batch.union(Batch({"advantages": torch.randn(batch["response_mask"].shape, generator=gen)
                               * batch["response_mask"]}))
+
+
+KILL_DRIVER = Path(__file__).parent / "drivers" / "kill_at.py"
+
+
+def launch_kill_driver(kill: str, overrides: list[str], timeout: float = 400) -> "subprocess.CompletedProcess[str]":
+    """Run tests/drivers/kill_at.py (``kill`` = POINT:STEP or none) in its own session, one OMP thread;
+    whatever the job left behind is killed with its process group."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(KILL_DRIVER), kill, *overrides], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:  # nothing is left when the kill took the whole group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+

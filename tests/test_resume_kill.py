@@ -13,21 +13,17 @@ group, like a preemption. The data has 8 prompts in batches of 4, so an epoch is
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from alignctl.trainers.checkpoint_folders import complete_checkpoints
-from rl_helpers import make_assets, read_metrics
+from rl_helpers import launch_kill_driver, make_assets, read_metrics
 
 pytestmark = pytest.mark.slow
 
-DRIVER = Path(__file__).parent / "drivers" / "kill_at.py"
 TIME_DEPENDENT = ("timing_s/", "perf/")
 
 
@@ -47,20 +43,6 @@ def _overrides(assets: dict[str, Path], run_dir: Path) -> list[str]:
     ]
 
 
-def _launch(kill: str, overrides: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(DRIVER), kill, *overrides], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=400)
-    finally:
-        try:  # whatever the job left behind (nothing, when the kill took the whole group)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def _deterministic(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(TIME_DEPENDENT)} for row in rows]
 
@@ -74,17 +56,17 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def test_sigkill_at_three_points_then_resume_equals_uninterrupted(tmp_path: Path):
     assets = make_assets(tmp_path / "assets", num_train=8, num_test=8)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    done = _launch("none", _overrides(assets, whole))
+    done = launch_kill_driver("none", _overrides(assets, whole))
     assert done.returncode == 0, done.stderr[-3000:]
 
     plan = [("mid_step:2", [1]), ("checkpoint_write:3", [1, 2]), ("after_commit:4", [1, 2, 3, 4])]
     for kill, checkpoints_after in plan:
-        run = _launch(kill, _overrides(assets, killed))
+        run = launch_kill_driver(kill, _overrides(assets, killed))
         assert run.returncode == -signal.SIGKILL, (kill, run.stderr[-3000:])
         assert [s for s, _ in complete_checkpoints(killed / "checkpoints")] == checkpoints_after, kill
     partial_left = [p.name for p in (killed / "checkpoints").iterdir() if p.name.startswith(".partial")]
     assert partial_left == []  # launch 3 cleaned launch 2's interrupted write
-    final = _launch("none", _overrides(assets, killed))
+    final = launch_kill_driver("none", _overrides(assets, killed))
     assert final.returncode == 0, final.stderr[-3000:]
     assert "resuming from" in final.stdout and "step 4" in final.stdout
 

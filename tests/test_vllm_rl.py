@@ -6,22 +6,18 @@ Runs in .venv-vllm (scripts/setup.sh --with-vllm) with ``pytest -m vllm``.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from alignctl.errors import RunFailed
-from rl_helpers import all_finite, make_assets, read_metrics, rl_config
+from rl_helpers import all_finite, launch_kill_driver, make_assets, read_metrics, rl_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 VLLM = ["actor_rollout_ref.rollout.name=vllm"]
-DRIVER = Path(__file__).parent / "drivers" / "kill_at.py"
 TIME_DEPENDENT = ("timing_s/", "perf/")
 
 LOSSY_ENGINE = '''
@@ -136,20 +132,6 @@ def test_multi_turn_tool_calls_through_the_loop(tool_model_64, tmp_path) -> None
     assert rows[0]["multi_turn/calls/calculator"] == 2 and rows[0]["multi_turn/valid_call_share"] == 1.0
 
 
-def _launch(kill: str, overrides: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(DRIVER), kill, *overrides], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def test_sigkill_then_resume_equals_uninterrupted(assets, tmp_path) -> None:
     """The whole job is SIGKILLed after step 3's update and resumed from step 2's checkpoint: the
     metrics (timings aside) and final weights equal an uninterrupted run's exactly. vLLM draws each
@@ -166,11 +148,11 @@ def test_sigkill_then_resume_equals_uninterrupted(assets, tmp_path) -> None:
                 "trainer.logger=[jsonl]", "trainer.val_before_train=false", *VLLM]
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    done = _launch("none", overrides(whole))
+    done = launch_kill_driver("none", overrides(whole), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    run = _launch("mid_step:3", overrides(killed))
+    run = launch_kill_driver("mid_step:3", overrides(killed), timeout=600)
     assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
-    final = _launch("none", overrides(killed))
+    final = launch_kill_driver("none", overrides(killed), timeout=600)
     assert final.returncode == 0, final.stderr[-3000:]
     assert "resuming from" in final.stdout
 
