@@ -456,6 +456,28 @@ def test_a_flagged_turn_runs_no_call_and_the_model_is_told(char_tokenizer, first
     assert why in told and "no call of this turn ran" in told and "42" not in told  # 6*7 never ran
 
 
+def test_a_tool_turn_that_fills_the_budget_exactly_ends_the_conversation(char_tokenizer):
+    """The response budget used up to the last token by an inserted tool turn: the trajectory ends
+    ('length') instead of asking the engine for 0 new tokens (tools_arith's GRPO stopped on that)."""
+    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.multi_turn import MultiTurnRollout
+
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    prompt = list(char_tokenizer("q", add_special_tokens=False)["input_ids"])
+
+    def rollout(budget):
+        policy = _ScriptedPolicy(char_tokenizer, [call, "#### 42"])
+        return MultiTurnRollout(policy, char_tokenizer, ["calculator"], max_turns=3, max_response_length=budget,
+                                stop_ids=[char_tokenizer.eos_token_id]).generate(
+            [prompt], SamplingParams(n=1, greedy=True, max_new_tokens=budget))
+
+    full = rollout(20000)
+    inserted_end = full.loss_mask[0].tolist().index(1, full.loss_mask[0].tolist().index(0))  # the answer's start
+    out = rollout(inserted_end)  # call + tool turn exactly fill the budget
+    assert out.response_lengths.tolist() == [inserted_end] and out.finish_reason == ["length"]
+    assert out.extras["turns"] == [1] and out.extras["tool_valid_calls"] == [1]
+
+
 def test_a_fenced_example_is_no_call(char_tokenizer):
     from alignctl.rollout.base import SamplingParams
     from alignctl.rollout.multi_turn import MultiTurnRollout

@@ -235,6 +235,8 @@ class MultiTurnRollout(RolloutEngine):
                     t.errors[r.error] += 1
             t.add(self.turn_ids.ids(results), False)
             t.cut(self.budget)
+            if len(t.ids) >= self.budget:  # the tool turn filled the budget: no room left for an answer
+                t.finish = "length"
         lane.calls = []
         return max(lane.done_at, default=lane.submitted) - lane.submitted
 
