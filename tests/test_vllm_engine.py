@@ -48,9 +48,9 @@ def _reference_log_probs(model: torch.nn.Module, prompt: list[int], response: li
 
 
 def _probe(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    from alignctl.workers.rollout_sync import trainer_probe_log_probs
+    from alignctl.rollout.base import module_probe_log_probs
 
-    return trainer_probe_log_probs(model, ids)
+    return module_probe_log_probs(model, ids)
 
 
 def test_greedy_tokens_equal_the_hf_engine(tiny) -> None:

@@ -231,6 +231,17 @@ def validate_prompts(prompt_ids: Sequence[Sequence[int]], vocab_size: int | None
     return prompts
 
 
+@torch.no_grad()
+def module_probe_log_probs(model: torch.nn.Module, token_ids: Sequence[int]) -> torch.Tensor:
+    """``log softmax(logits)[t+1]`` at every position ``t`` of ``token_ids`` under ``model``, float32
+    without autocast, on the CPU: the trainer's side of the weight-sync check, and the hf engine's own."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(token_ids)], device=device)
+    with torch.autocast(device_type=device.type, enabled=False):
+        logits = model(input_ids=ids).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].cpu()
+
+
 def default_stop_ids(eos: Any) -> tuple[int, ...]:
     """Normalise an ``eos_token_id`` field (None, int or list) to a tuple of ids."""
     if eos is None:

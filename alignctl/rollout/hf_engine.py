@@ -53,6 +53,7 @@ from alignctl.rollout.base import (
     RolloutSetup,
     SamplingParams,
     default_stop_ids,
+    module_probe_log_probs,
     validate_prompts,
 )
 from alignctl.rollout.kv_cache import all_full_attention, make_cache
@@ -162,15 +163,12 @@ class HFRolloutEngine(RolloutEngine):
                     raise KeyError(f"sync_weights: the rollout module has no parameter {name!r}")
                 params[name].copy_(tensor)
 
-    @torch.no_grad()
     def probe_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor | None:
-        """Only an engine with its own copy has anything to verify; float32, no autocast."""
+        """Only an engine with its own copy has anything to verify."""
         if not self.holds_own_weights:
             return None
-        ids = torch.tensor([list(token_ids)], device=_module_device(self.model))
-        with self.gather_params(), _eval_mode(self.model), torch.autocast(ids.device.type, enabled=False):
-            logits = self.model(input_ids=ids).logits[0, :-1].float()
-        return logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].cpu()
+        with self.gather_params(), _eval_mode(self.model):
+            return module_probe_log_probs(self.model, token_ids)
 
     @property
     def compute_dtype(self) -> str:

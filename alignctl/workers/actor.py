@@ -14,12 +14,13 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import build_rollout_engine, engine_entry
+from alignctl.rollout.base import module_probe_log_probs
 from alignctl.workers.checkpoint import load_training_state, save_training_state
 from alignctl.workers.device import autocast, float32_output_head, on_worker_device
 from alignctl.workers.generation import generate_batch, with_tools
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, resolve_packing_settings, save_hf_folder
-from alignctl.workers.rollout_sync import RolloutSyncCheck, trainer_probe_log_probs
+from alignctl.workers.rollout_sync import RolloutSyncCheck
 from alignctl.workers.train_engine import TrainEngine
 from alignctl.workers.update_loop import run_update
 from alignctl.workers.worker_process import DistContext
@@ -73,7 +74,7 @@ class ActorRolloutRefWorker:
         Collective; rank 0 returns them, the others None."""
         weights = [(name, t.cpu()) for name, t in self.policy.rollout_weights()]  # through Ray's object store
         with self.engine.gathered() as model:
-            probe_log_probs = trainer_probe_log_probs(model, probe)
+            probe_log_probs = module_probe_log_probs(model, probe)
         if self.ctx.rank != 0:
             return None
         return {"weights": weights, "probe": list(probe), "probe_log_probs": probe_log_probs}

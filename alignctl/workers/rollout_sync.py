@@ -20,21 +20,11 @@ import torch
 from torch import nn
 
 from alignctl.errors import RunFailed
-from alignctl.rollout.base import RolloutEngine
+from alignctl.rollout.base import RolloutEngine, module_probe_log_probs
 
 PROBE_TOKENS = 64
 FLOAT32_TOLERANCE = 1e-3
 LOW_PRECISION_TOLERANCE = 0.5
-
-
-@torch.no_grad()
-def trainer_probe_log_probs(model: nn.Module, token_ids: Sequence[int]) -> torch.Tensor:
-    """``log softmax(logits)[t+1]`` at every position ``t`` of ``token_ids``, in float32."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(token_ids)], device=device)
-    with torch.autocast(device_type=device.type, enabled=False):
-        logits = model(input_ids=ids).logits[0, :-1].float()
-    return logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].cpu()
 
 
 class RolloutSyncCheck:
@@ -53,7 +43,7 @@ class RolloutSyncCheck:
             self.probe = [int(t) for t in first_prompt][:PROBE_TOKENS]
         if len(self.probe) < 2:
             return
-        self.compare(engine, self.probe, trainer_probe_log_probs(model, self.probe), step)
+        self.compare(engine, self.probe, module_probe_log_probs(model, self.probe), step)
 
     def compare(self, engine: RolloutEngine, probe: Sequence[int], trainer_log_probs: torch.Tensor, step: int) -> None:
         """The engine's log-probs of ``probe`` against the trainer's (computed here, or by the actor
