@@ -369,14 +369,15 @@ class AlgorithmConfig:
 
 
 MONITOR_ALARMS = ("non_finite", "reward_hacking", "entropy_collapse", "length_blowup", "length_collapse",
-                  "mode_collapse", "kl_budget", "tool_collapse")
+                  "mode_collapse", "kl_budget", "tool_collapse", "mismatch_kl", "token_prob_ratio", "staleness_bound")
 MONITOR_POLICIES = ("warn", "stop", "ignore")
 
 
 @dataclass
 class MonitorConfig:
     enable: bool = field(True, help="Watch every step for reward hacking, entropy / length / mode collapse, KL over "
-                                    "budget and non-finite numbers (docs/monitor.md).")
+                                    "budget, non-finite numbers, a rollout engine that disagrees with the trainer and "
+                                    "samples staler than the asynchronous bound (docs/monitor.md).")
     baseline_prompts: int = field(16, ge=0, help="Training prompts the reference policy answers once before step 1 "
                                                  "(rollout.n responses each): the baseline every step is tested "
                                                  "against. 0: no baseline; the rules compare the run with its own "
@@ -402,6 +403,23 @@ class MonitorConfig:
     kl_budget: float = field(0.5, gt=0, help="kl_budget: recent actor/reference_kl (nats per token) above this.")
     tool_use_low: float = field(0.25, gt=0, le=1, help="tool_collapse (multi-turn): recent tool calls per sample below "
                                                        "this fraction of their start.")
+    mismatch_kl: float = field(0.01, gt=0, help="mismatch_kl: a step's rollout_corr/k3_kl (the KL between the rollout "
+                                                "engine's and the trainer's probabilities of the sampled tokens, nats per "
+                                                "token) above this. Judged when the old log-probs are recomputed.")
+    prob_ratio: float = field(1.05, gt=1, help="token_prob_ratio: a step's geometric-mean token probability ratio "
+                                               "between the rollout engine and the trainer, exp(rollout/log_prob_diff_mean), "
+                                               "above this (NeMo-RL treats 1.05 as a framework bug).")
+
+
+@dataclass
+class AsyncRolloutConfig:
+    max_staleness: int = field(0, ge=0, help="Asynchronous RL: the rollout pool generates the batches of the next k "
+                                             "steps while the trainer trains, and every trained response was sampled "
+                                             "by a policy at most k updates old (the trainer waits for a batch rather "
+                                             "than drop a stale one). 0: the synchronous loop. k > 0 needs a rollout "
+                                             "pool of its own (trainer.placement.rollout) and "
+                                             "actor.recompute_old_log_prob=true; pair it with "
+                                             "algorithm.rollout_correction (docs/rl.md).")
 
 
 @dataclass
@@ -455,6 +473,8 @@ class TrainerConfig:
                                                                   "n_gpus_per_node workers) exists without being defined; "
                                                                   "defining it changes its shape (docs/gpu_and_cluster.md).")
     placement: PlacementConfig = section(PlacementConfig, help="Which pool each role runs on.")
+    async_rollout: AsyncRolloutConfig = section(AsyncRolloutConfig, help="Rollout and training at the same time, "
+                                                                         "with bounded staleness (off).")
     concurrent_roles: bool = field(True, help="Roles on different pools run at the same time where the dataflow "
                                               "allows (critic values with the log-probs, the critic update with the "
                                               "actor update); false runs them phase by phase (for measuring).")
@@ -604,6 +624,23 @@ class RLConfig:
                 raise UserError(f"key 'trainer.{key}' expected -1 (off) or a positive number of steps, got 0")
         self._check_estimator_needs()
         self._check_rollout_correction()
+        self._check_async_rollout()
+
+    def _check_async_rollout(self) -> None:
+        """Generating ahead needs workers that are not training at the same time, and stale batches
+        need the trainer's own old log-probs (the engine's are the stale policy's)."""
+        k = self.trainer.async_rollout.max_staleness
+        if k == 0:
+            return
+        if not self.separate_rollout:
+            raise UserError(f"key 'trainer.async_rollout.max_staleness' ({k}) needs a rollout pool of its own: the "
+                            "actor's workers cannot generate while they train; set trainer.placement.rollout to "
+                            "another pool (e.g. trainer.pools.rollout_pool.workers_per_node=1 "
+                            "trainer.placement.rollout=rollout_pool)")
+        if not self.actor_rollout_ref.actor.recompute_old_log_prob:
+            raise UserError(f"key 'trainer.async_rollout.max_staleness' ({k}) needs "
+                            "actor_rollout_ref.actor.recompute_old_log_prob=true: with false the old log-probs "
+                            "would be the stale sampling policy's, not the trainer's")
 
     def _check_rollout_correction(self) -> None:
         """The weights compare the engine's log-probs with the trainer's own: they must be recomputed."""

@@ -14,6 +14,7 @@ config; see pipelines/arith_dapo.yaml.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import Any
 
 import torch
 
@@ -53,9 +54,12 @@ def pool_round_metrics(rounds: list[tuple[int, dict[str, float]]]) -> dict[str, 
 
 
 class DAPOTrainer(RLTrainer):
+    def rollout_request(self) -> dict[str, Any]:
+        # Rounds are concatenated, so every round uses the same (maximal) prompt width.
+        return {**super().rollout_request(), "prompt_width": self.cfg.data.max_prompt_length}
+
     def collect_batch(self, prompts: Batch, timer: Timer) -> tuple[Batch, Future[Batch]]:
         want = self.cfg.data.train_batch_size
-        rollout = self.cfg.actor_rollout_ref.rollout
         parts: list[Batch] = []
         kept = 0
         rounds = 0
@@ -63,14 +67,12 @@ class DAPOTrainer(RLTrainer):
         informative = generated = 0
         while kept < want:
             if rounds:
-                prompts = self.parts.loader.next_batch()  # top up with fresh prompts
+                prompts = self.next_prompts()  # top up with fresh prompts (queued ahead with async rollouts)
             if rounds == self.cfg.algorithm.filter_groups.max_num_gen_batches:
                 raise UserError(f"DAPO dynamic sampling kept {kept} of {want} prompt groups after {rounds} rounds "
                                 f"(algorithm.filter_groups.max_num_gen_batches): almost every group gets equal "
                                 f"scores; raise that key or check the reward function")
-            # Rounds are concatenated, so every round uses the same (maximal) prompt width.
-            batch = self.generate(prompts, n=rollout.n, do_sample=rollout.do_sample, temperature=rollout.temperature,
-                                  top_p=rollout.top_p, top_k=rollout.top_k, prompt_width=self.cfg.data.max_prompt_length)
+            batch = self.generate(prompts, **self.rollout_request())
             batch = batch.union(self.parts.reward.score(batch))
             round_metrics.append((len(batch), batch.meta.get("reward_metrics", {})))
             ids = batch["group_index"].tolist()
