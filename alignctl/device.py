@@ -8,7 +8,7 @@ kept as given. Used by the RL controller (``trainer.device``), ``alignctl plan``
 ``autocast`` is the one rule behind every ``precision: bf16`` of a forward pass (RL workers, eval's
 reward-model scoring); ``bf16_if_native`` is the rule behind every ``bf16_if_native`` precision
 (train-rm, SFT, eval's ``rm_precision``): bf16 only where the hardware multiplies bf16 natively.
-(Moving tensors to a worker's device lives in ``workers/device.py``.)
+(Moving tensors to a worker's device lives in ``workers/batch_transfer.py``.)
 """
 
 from __future__ import annotations

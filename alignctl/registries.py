@@ -6,7 +6,7 @@ including functions users register from their own code.
 
 The registries: advantage estimators (``trainers/estimators.py``), extra rollouts
 (``trainers/extra_rollouts.py``), policy losses (``algos/policy_loss.py``), reward managers
-(``rewards/managers.py``), tools (``tools/base.py``). This module is a leaf (it imports nothing
+(``rewards/managers.py``), tools (``tools/tool.py``). This module is a leaf (it imports nothing
 from alignctl and not torch), so the light packages (rewards, tools) use it too.
 """
 

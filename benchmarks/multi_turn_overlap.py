@@ -95,7 +95,7 @@ def main() -> None:
     set_threads(args.threads)
     if args.quick:
         args.prompts, args.repeats = min(args.prompts, 8), 2
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
 
     with tempfile.TemporaryDirectory() as scratch:
         model, tokenizer, prompts = load_model_and_prompts(args, Path(scratch))

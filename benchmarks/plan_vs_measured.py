@@ -54,7 +54,7 @@ def measure(cfg, micro: int, prompt: int, response: int) -> int:  # noqa: ANN001
 
     from alignctl.models.compat import enable_activation_checkpointing
     from alignctl.models.forward import compute_log_probs
-    from alignctl.workers.device import autocast, float32_output_head
+    from alignctl.workers.batch_transfer import autocast, float32_output_head
 
     arr = cfg.actor_rollout_ref
     offload = arr.actor.strategy == "fsdp2" and arr.actor.fsdp_config.offload_policy

@@ -34,7 +34,7 @@ from _common import parse_bench_args, report, set_threads, smollm2_config, summa
 
 from alignctl.models.forward import compute_log_probs  # noqa: E402
 from alignctl.rollout import SamplingParams, get_rollout_engine  # noqa: E402
-from alignctl.workers.device import autocast, float32_output_head  # noqa: E402
+from alignctl.workers.batch_transfer import autocast, float32_output_head  # noqa: E402
 from alignctl.workers.low_precision import low_precision_copy  # noqa: E402
 
 PROMPTS, N, PROMPT_LEN, RESPONSE_LEN, MICRO = 8, 4, 60, 40, 8

@@ -204,7 +204,7 @@ def test_bf16_autocast_log_probs_and_values_stay_near_fp32(lm: LlamaForCausalLM,
     """trainer.precision=bf16 runs forwards under bf16 autocast: the outputs come back float32, differ
     from fp32 (the matmuls really ran in bf16: ~3 significant digits) and stay within 0.05 nats of
     the independent fp32 reference on this model, padded rows still exactly 0."""
-    from alignctl.workers.device import autocast
+    from alignctl.workers.batch_transfer import autocast
 
     lm.set_attn_implementation(impl)
     critic.set_attn_implementation(impl)
@@ -227,7 +227,7 @@ def test_bf16_autocast_log_probs_and_values_stay_near_fp32(lm: LlamaForCausalLM,
 def test_float32_output_head_under_bf16_autocast() -> None:
     """The LM head patched to float32 returns float32 logits under bf16 autocast (the plain head
     returns bf16), exactly the float32 product of the hidden states, and leaves parameter names alone."""
-    from alignctl.workers.device import autocast, float32_output_head
+    from alignctl.workers.batch_transfer import autocast, float32_output_head
 
     torch.manual_seed(4)
     model = LlamaForCausalLM(tiny_config()).eval()

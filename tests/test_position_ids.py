@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from alignctl.models.loading import position_ids_from_mask
-from alignctl.rollout.base import RolloutOutput
+from alignctl.rollout.engine import RolloutOutput
 from alignctl.workers.sequences import assemble
 
 VOCAB = 40

@@ -13,7 +13,7 @@ import torch
 
 from alignctl.errors import UserError
 from alignctl.rollout import get_rollout_engine
-from alignctl.rollout.base import RolloutOutput
+from alignctl.rollout.engine import RolloutOutput
 
 
 def test_from_ragged_packs_prompt_major_rows() -> None:

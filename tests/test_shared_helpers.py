@@ -181,7 +181,7 @@ def test_pad_rows_refuses_a_row_wider_than_width() -> None:
 
 
 def test_rollout_output_and_batch_assembly_pad_alike() -> None:
-    from alignctl.rollout.base import RolloutOutput
+    from alignctl.rollout.engine import RolloutOutput
     from alignctl.workers.sequences import assemble
 
     out = RolloutOutput.from_ragged([[5, 6], [7]], [[-0.1, -0.2], [-0.3]], ["stop", "length"], n=1,

@@ -28,7 +28,7 @@ def test_trace_ids_equal_the_rollout_layout(tool_model):
     through run_tool and the template's tool-turn ids, and the greedy rollout of the model fitted to
     them reproduces those ids (test_tools.py); the library's trace_ids, given the conversation as
     messages, must give the same prompt, response and loss mask, and equal the rollout here too."""
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
     from alignctl.tools import tool_schemas
     from alignctl.tools.traces import trace_ids
     from test_tools import _rollout

@@ -256,7 +256,7 @@ def test_token_in_token_out_and_loss_masks(tool_model):
     """Greedy rollouts reproduce the fitted traces; each response is exactly [sampled | inserted |
     sampled] with the inserted part equal to the template's tool-turn ids for the tool results,
     and the loss mask is 1 on the sampled tokens only."""
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
 
     tok, _, rollout, prompts = _rollout(tool_model)
     out = rollout.generate(prompts, SamplingParams(n=1, greedy=True, max_new_tokens=256))
@@ -277,7 +277,7 @@ def test_token_in_token_out_and_loss_masks(tool_model):
 
 
 def test_turn_and_length_limits_end_a_trajectory(tool_model):
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
 
     tok, _, rollout, prompts = _rollout(tool_model, max_turns=1)
     out = rollout.generate(prompts[:1], SamplingParams(n=1, greedy=True, max_new_tokens=256))
@@ -292,7 +292,7 @@ def test_rollout_log_probs_equal_the_training_forward(tool_model):
     """Sampled multi-turn responses (temperature 1, n = 2): the engine's log-probs at sampling time
     and a full training forward over the assembled rows agree on every sampled token (fp32 CPU)."""
     from alignctl.models.forward import compute_log_probs
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
     from alignctl.workers.sequences import assemble
 
     tok, model, rollout, prompts = _rollout(tool_model)
@@ -349,7 +349,7 @@ def _overlap_s(spans: list[tuple[float, float]], start: float, end: float) -> fl
 def test_lanes_decode_while_other_lanes_tools_run_and_change_no_token(tool_model):
     """Two lanes: the engine decodes one lane while the other lane's (slow) calculator call runs;
     one lane: decoding waits for every call. The conversations are token for token the same."""
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
 
     params = SamplingParams(n=1, greedy=True, max_new_tokens=256)
     outs = {}
@@ -380,7 +380,7 @@ def test_a_seeded_rollout_with_lanes_does_not_depend_on_tool_timing(tool_model):
     """Sampled (temperature 1, n = 2) with three lanes and random tool delays: two runs are equal."""
     import random
 
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
 
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=256, seed=11)
     runs = []
@@ -406,7 +406,7 @@ class _ScriptedPolicy:
         self.pad_token_id = tokenizer.pad_token_id
 
     def generate(self, prompt_ids, params):
-        from alignctl.rollout.base import RolloutOutput
+        from alignctl.rollout.engine import RolloutOutput
 
         text = self.turns[min(self.calls, len(self.turns) - 1)]
         self.calls += 1
@@ -439,7 +439,7 @@ def char_tokenizer(tmp_path_factory):
     ('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}', "is not closed"),
 ])
 def test_a_flagged_turn_runs_no_call_and_the_model_is_told(char_tokenizer, first_turn, why):
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
     from alignctl.rollout.multi_turn import MultiTurnRollout
 
     policy = _ScriptedPolicy(char_tokenizer, [first_turn, "#### 42"])
@@ -459,7 +459,7 @@ def test_a_flagged_turn_runs_no_call_and_the_model_is_told(char_tokenizer, first
 def test_a_tool_turn_that_fills_the_budget_exactly_ends_the_conversation(char_tokenizer):
     """The response budget used up to the last token by an inserted tool turn: the trajectory ends
     ('length') instead of asking the engine for 0 new tokens (tools_arith's GRPO stopped on that)."""
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
     from alignctl.rollout.multi_turn import MultiTurnRollout
 
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
@@ -479,7 +479,7 @@ def test_a_tool_turn_that_fills_the_budget_exactly_ends_the_conversation(char_to
 
 
 def test_a_fenced_example_is_no_call(char_tokenizer):
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
     from alignctl.rollout.multi_turn import MultiTurnRollout
 
     example = 'Write:\n```\n<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>\n```\n'
@@ -493,7 +493,7 @@ def test_a_fenced_example_is_no_call(char_tokenizer):
 
 @pytest.mark.parametrize(("isolation", "sees_project"), [("none", "True"), ("bwrap", "False")])
 def test_the_rollout_runs_the_python_tool_with_the_configured_isolation(char_tokenizer, isolation, sees_project):
-    from alignctl.rollout.base import SamplingParams
+    from alignctl.rollout.engine import SamplingParams
     from alignctl.rollout.multi_turn import MultiTurnRollout
 
     if isolation == "bwrap":

@@ -48,7 +48,7 @@ def _reference_log_probs(model: torch.nn.Module, prompt: list[int], response: li
 
 
 def _probe(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    from alignctl.rollout.base import module_probe_log_probs
+    from alignctl.rollout.engine import module_probe_log_probs
 
     return module_probe_log_probs(model, ids)
 

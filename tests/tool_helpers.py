@@ -44,7 +44,7 @@ def _vocabulary_file(root: Path) -> Path:
 def trace_ids(tokenizer, question: str, stop_ids: tuple[int, ...]) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, loss mask) of one trace, built as the rollout builds them."""
     from alignctl.tools import parse_tool_calls, run_tool, tool_schemas
-    from alignctl.tools.base import TOOLS
+    from alignctl.tools.tool import TOOLS
     from alignctl.tools.chat import ToolTurns, render_prompt
 
     def encode(text: str) -> list[int]:
@@ -58,7 +58,7 @@ def trace_ids(tokenizer, question: str, stop_ids: tuple[int, ...]) -> tuple[list
             results = []
             for call in parse_tool_calls(first):
                 if call.error:
-                    from alignctl.tools.base import ToolResult
+                    from alignctl.tools.tool import ToolResult
 
                     results.append(ToolResult(call.name, f"error: {call.error}", False, 0.0, "malformed"))
                 else:

@@ -22,14 +22,14 @@ from alignctl.rollout.registry import (
 )
 
 if TYPE_CHECKING:
-    from alignctl.rollout.base import RolloutEngine, RolloutOutput, RolloutSetup, SamplingParams
+    from alignctl.rollout.engine import RolloutEngine, RolloutOutput, RolloutSetup, SamplingParams
 
 _FROM_BASE = ("RolloutEngine", "RolloutOutput", "RolloutSetup", "SamplingParams")
 
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_BASE:  # the engine contract imports torch: only on first use
-        return getattr(importlib.import_module("alignctl.rollout.base"), name)
+        return getattr(importlib.import_module("alignctl.rollout.engine"), name)
     raise AttributeError(f"module 'alignctl.rollout' has no attribute {name!r}")
 
 

@@ -46,7 +46,7 @@ from alignctl.errors import UserError
 from alignctl.models.compat import cache_kwargs
 from alignctl.models.loading import position_ids_from_mask
 from alignctl.models.reward_forward import common_prefix_length
-from alignctl.rollout.base import (
+from alignctl.rollout.engine import (
     FinishReason,
     RolloutEngine,
     RolloutOutput,

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alignctl.batch import pad_rows
-from alignctl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
-from alignctl.tools.base import TOOLS, ToolResult, run_tool
+from alignctl.rollout.engine import RolloutEngine, RolloutOutput, SamplingParams
+from alignctl.tools.tool import TOOLS, ToolResult, run_tool
 from alignctl.tools.chat import ToolTurns
 from alignctl.tools.parsing import parse_tool_calls
 

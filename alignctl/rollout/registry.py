@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from alignctl.errors import UserError
 
 if TYPE_CHECKING:
-    from alignctl.rollout.base import RolloutEngine, RolloutSetup
+    from alignctl.rollout.engine import RolloutEngine, RolloutSetup
 
 
 @dataclass(frozen=True)

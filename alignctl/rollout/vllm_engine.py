@@ -19,7 +19,7 @@ backend's repacked linear layers are all handled by vLLM (``model.load_weights``
 the CPU backend, which has replaced the parameters it would write into).
 
 Log-probs: ``logprobs_mode="processed_logprobs"`` gives ``log softmax(logits / T)`` of the sampled
-token with top-k / top-p off, the package convention (rollout/base.py); greedy reports ``T = 1``.
+token with top-k / top-p off, the package convention (rollout/engine.py); greedy reports ``T = 1``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch import nn
 
 from alignctl.device import cuda_available
 from alignctl.errors import UserError
-from alignctl.rollout.base import (
+from alignctl.rollout.engine import (
     RolloutEngine,
     RolloutOutput,
     RolloutSetup,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from alignctl.tools import calculator as _calculator  # noqa: F401  (registers "calculator")
 from alignctl.tools import python_sandbox as _python_sandbox  # noqa: F401  (registers "python")
-from alignctl.tools.base import TOOLS, Tool, ToolResult, register_tool, run_tool, tool_schemas
+from alignctl.tools.tool import TOOLS, Tool, ToolResult, register_tool, run_tool, tool_schemas
 from alignctl.tools.parsing import ToolCall, parse_tool_calls
 
 __all__ = ["TOOLS", "Tool", "ToolCall", "ToolResult", "parse_tool_calls", "register_tool", "run_tool",

@@ -13,7 +13,7 @@ import ast
 import math
 import operator
 
-from alignctl.tools.base import register_tool
+from alignctl.tools.tool import register_tool
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from alignctl.models.compat import chat_token_ids
-from alignctl.tools.base import ToolResult
+from alignctl.tools.tool import ToolResult
 
 CALL_FORMAT = ('To call a tool, write <tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
                '</tool_call> and end your turn; the result comes back as a message from the tool.')

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 
 from alignctl.tools import bwrap
-from alignctl.tools.base import register_tool
+from alignctl.tools.tool import register_tool
 
 CPU_SECONDS, MEMORY_BYTES, FILE_BYTES, MAX_PROCESSES = 5, 512 * 1024**2, 8 * 1024**2, 16
 MAX_OUTPUT, OUTPUT_BYTES = 4000, 64 * 1024

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from alignctl.tools.base import ToolResult
+from alignctl.tools.tool import ToolResult
 from alignctl.tools.chat import ToolTurns, render_prompt
 from alignctl.tools.parsing import parse_tool_calls
 

@@ -14,9 +14,9 @@ from alignctl.config.core import build_config
 from alignctl.config.rl import RLConfig
 from alignctl.models.forward import compute_log_probs
 from alignctl.rollout import build_rollout_engine, engine_entry
-from alignctl.rollout.base import module_probe_log_probs
+from alignctl.rollout.engine import module_probe_log_probs
 from alignctl.workers.checkpoint import load_training_state, save_training_state
-from alignctl.workers.device import autocast, float32_output_head, on_worker_device
+from alignctl.workers.batch_transfer import autocast, float32_output_head, on_worker_device
 from alignctl.workers.generation import generate_batch, with_tools
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import build_policy, resolve_packing_settings, save_hf_folder

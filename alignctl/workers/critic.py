@@ -18,7 +18,7 @@ from alignctl.models.compat import enable_activation_checkpointing
 from alignctl.models.forward import compute_values
 from alignctl.models.loading import load_value_model
 from alignctl.workers.checkpoint import load_training_state, save_training_state
-from alignctl.workers.device import autocast, on_worker_device
+from alignctl.workers.batch_transfer import autocast, on_worker_device
 from alignctl.workers.worker_process import DistContext
 from alignctl.workers.microbatching import MicroBatchPlan
 from alignctl.workers.model_setup import attach_optimizer, resolve_packing_settings

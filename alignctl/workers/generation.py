@@ -15,8 +15,8 @@ import torch
 
 from alignctl.batch import Batch
 from alignctl.rollout import SamplingParams
-from alignctl.rollout.base import RolloutEngine
-from alignctl.workers.device import autocast
+from alignctl.rollout.engine import RolloutEngine
+from alignctl.workers.batch_transfer import autocast
 from alignctl.workers.sequences import assemble, expand_lists
 
 

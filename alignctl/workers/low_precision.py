@@ -8,7 +8,7 @@ weights, gradients and optimizer state: RL updates lost most of their gain under
 
 The output projection of a copy stays float32 (a separate, untied float32 weight when the model ties
 it to the embeddings): the logits feed the sampler and every log-prob, and bf16 logits carry ~0.06 of
-rounding at |logit| 16 (the reason ``workers.device.float32_output_head`` exists).
+rounding at |logit| 16 (the reason ``workers.batch_transfer.float32_output_head`` exists).
 
 The rollout's copy is kept current by the engine's own ``sync_weights((name, tensor) pairs)``, the
 path for a rollout that holds its own weights (``workers.actor``).
@@ -21,7 +21,7 @@ import copy
 import torch
 from torch import nn
 
-from alignctl.workers.device import float32_output_head
+from alignctl.workers.batch_transfer import float32_output_head
 
 DTYPES = {"bfloat16": torch.bfloat16}
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from alignctl.errors import RunFailed
-from alignctl.rollout.base import RolloutEngine, module_probe_log_probs
+from alignctl.rollout.engine import RolloutEngine, module_probe_log_probs
 
 PROBE_TOKENS = 64
 FLOAT32_TOLERANCE = 1e-3

@@ -15,7 +15,7 @@ import torch
 
 from alignctl.batch import Batch, pad_rows
 from alignctl.models.loading import position_ids_from_mask
-from alignctl.rollout.base import RolloutOutput
+from alignctl.rollout.engine import RolloutOutput
 
 
 def right_pad(tensor: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
