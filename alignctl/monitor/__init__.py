@@ -12,11 +12,12 @@ bookkeeping: the trainer decides what a ``stop`` does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from alignctl.monitor.alarms import RULES, Series, Thresholds
 from alignctl.monitor.baseline import Baseline
+from alignctl.monitor.engine_rules import mismatch_summary, staleness_summary
 from alignctl.monitor.evidence import BaselineRules, Settings
 from alignctl.monitor.signals import response_diversity
 
@@ -44,6 +45,15 @@ class Monitor:
     history: dict[str, Series] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     baseline_rules: BaselineRules | None = None
+    fired: list[Alarm] = field(default_factory=list)  # every alarm of the run, in order
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, max_staleness: int | None = None) -> Monitor:
+        """The monitor of a ``monitor`` config section; ``max_staleness``: the asynchronous loop's
+        bound on a trained sample's policy age (None in the synchronous loop)."""
+        names = {f.name for f in fields(Thresholds)} - {"max_staleness"}
+        thresholds = Thresholds(**{name: getattr(cfg, name) for name in names}, max_staleness=max_staleness)
+        return cls(thresholds, dict(cfg.policies), cfg.policy)
 
     def set_baseline(self, baseline: Baseline, horizon: int) -> None:
         """Compare from now on with ``baseline``; ``horizon``: the run's steps (false alarms are bounded over them)."""
@@ -75,7 +85,34 @@ class Monitor:
             elif name not in self.active:
                 self.active.add(name)
                 started.append(Alarm(name, step, reason, policy))
+        self.fired.extend(started)
         return started
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's summary should say about it: each alarm's line, and over the run the
+        staleness (asynchronous loop) and the largest training-inference mismatch, where logged."""
+        out: dict[str, Any] = {"alarms": [a.line() for a in self.fired]}
+        staleness = staleness_summary(self.history, self.thresholds.max_staleness)
+        if staleness is not None:
+            out["staleness"] = staleness
+        mismatch = mismatch_summary(self.history)
+        if mismatch is not None:
+            out["rollout_mismatch"] = mismatch
+        return out
+
+    def summary_line(self) -> str | None:
+        """One console line on staleness and mismatch for the end of a run (None: nothing to say)."""
+        parts = []
+        if (st := staleness_summary(self.history, self.thresholds.max_staleness)) is not None:
+            bound = "" if st["bound"] is None else f" (bound {st['bound']}, {st['steps_over_bound']} steps over)"
+            mean = "-" if st["mean"] is None else f"{st['mean']:.2f}"
+            parts.append(f"staleness mean {mean}, max {st['max']:g}{bound}" if st["max"] is not None
+                         else f"staleness mean {mean}")
+        if (mm := mismatch_summary(self.history)) is not None:
+            parts += [f"{label} {mm[key]:.3g}" for key, label in (("k3_kl_max", "largest mismatch KL (k3)"),
+                                                                 ("token_prob_ratio_max", "largest token probability ratio"))
+                      if key in mm]
+        return "monitor: " + ", ".join(parts) if parts else None
 
 
 ALARM_NAMES = tuple(RULES)

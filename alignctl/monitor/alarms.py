@@ -23,6 +23,7 @@ overlap. Each rule returns a one-line reason, or None.
 | mode_collapse    | recent(monitor/unique_in_batch) < min_unique (0.25)                           |
 | kl_budget        | recent(actor/reference_kl, else actor/kl_loss) > kl_budget (0.5 nats/token)   |
 | tool_collapse    | recent(multi_turn/calls_per_sample) < tool_use_low (0.25) x start             |
+| mismatch_kl, token_prob_ratio, staleness_bound: the latest step against a bound (engine_rules.py)  |
 
 The proxy is what the policy optimises (the reward model's score when one is used, else the
 total score); the gold signal is the rule score when a reward model is also used, else the
@@ -33,9 +34,11 @@ as ``reward/extra/acc/mean``), else the validation accuracy (``val-core/*/acc/*`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+
+from alignctl.monitor.engine_rules import mismatch_kl, staleness_bound, token_prob_ratio
 
 Series = list[tuple[int, float]]
 NOISE_Z = 3.0  # a per-step gold's falling slope must exceed this many standard errors (see _trend_hacking)
@@ -53,6 +56,9 @@ class Thresholds:
     kl_budget: float = 0.5
     tool_use_low: float = 0.25
     false_alarm_rate: float = 0.05  # the baseline tests' (evidence.py): chance of a false alarm over a run
+    mismatch_kl: float = 0.01  # engine_rules.py: training-inference mismatch KL (k3), nats per token
+    prob_ratio: float = 1.05  # engine_rules.py: geometric-mean token probability ratio (NeMo-RL's bound)
+    max_staleness: int | None = None  # the asynchronous loop's bound, set by the loop (None: not judged)
 
 
 def _mean(values: list[float]) -> float:
@@ -103,21 +109,29 @@ def _trend_hacking(proxy_key: str, proxy: Series, name: str, gold: Series, t: Th
     return None
 
 
-def _per_step_gold(history: dict[str, Series]) -> tuple[str, Series] | None:
-    """A gold signal measured on every training batch: the rule score beside a reward model, or
-    the accuracy a custom reward reports beside its score."""
-    if "reward/rm_score/mean" in history and "reward/rule_score/mean" in history:
-        return "rule score", history["reward/rule_score/mean"]
-    if "reward/extra/acc/mean" in history:
-        return "reward's acc", history["reward/extra/acc/mean"]
-    return None
+ACC_KEY, RULE_KEY, RM_KEY, SCORE_KEY = ("reward/extra/acc/mean", "reward/rule_score/mean", "reward/rm_score/mean",
+                                        "critic/score/mean")
+
+
+def gold_and_proxy(keys: Collection[str]) -> tuple[str | None, str]:
+    """The per-step gold signal among the logged ``keys`` (None without one) and the proxy it is
+    watched against. A custom reward's own ``acc`` comes first: beside it the score (bonus
+    included, and any reward model's share) is what the policy optimises. Else the rule score
+    beside a reward model, whose score is then the proxy."""
+    if ACC_KEY in keys:
+        return ACC_KEY, SCORE_KEY
+    if RM_KEY in keys and RULE_KEY in keys:
+        return RULE_KEY, RM_KEY
+    return None, RM_KEY if RM_KEY in keys else SCORE_KEY
+
+
+GOLD_NAMES = {RULE_KEY: "rule score", ACC_KEY: "reward's acc"}
 
 
 def reward_hacking(history: dict[str, Series], latest: dict[str, Any], t: Thresholds) -> str | None:
-    proxy_key = "reward/rm_score/mean" if "reward/rm_score/mean" in history else "critic/score/mean"
-    per_step = _per_step_gold(history)
-    if per_step is not None:
-        return _trend_hacking(proxy_key, history.get(proxy_key, []), *per_step, t)
+    gold_key, proxy_key = gold_and_proxy(history)
+    if gold_key is not None:
+        return _trend_hacking(proxy_key, history.get(proxy_key, []), GOLD_NAMES[gold_key], history[gold_key], t)
     # Validation accuracy is measured every test_freq steps: proxy start vs recent, first vs last accuracy.
     proxy = _start_recent(history.get(proxy_key, []), t.window)
     if proxy is None or proxy[1] <= proxy[0]:
@@ -174,4 +188,7 @@ RULES: dict[str, Callable[[dict[str, Series], dict[str, Any], Thresholds], str |
     # Multi-turn runs: the policy stops calling its tools (seen within one step at a high lr).
     "tool_collapse": _ratio_rule("multi_turn/calls_per_sample", lambda t: t.tool_use_low, None,
                                  "the policy stopped calling its tools"),
+    "mismatch_kl": mismatch_kl,
+    "token_prob_ratio": token_prob_ratio,
+    "staleness_bound": staleness_bound,
 }

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from alignctl.monitor.alarms import GOLD_NAMES
 from alignctl.monitor.baseline import RESPONSES_KEY, Baseline, scored_responses
 from alignctl.monitor.sequential import (Cusum, bernoulli_llr, gaussian_llr, halved_odds, threshold)
 
@@ -27,7 +28,6 @@ from alignctl.monitor.sequential import (Cusum, bernoulli_llr, gaussian_llr, hal
 # In simulated healthy runs that kept false alarms within the configured rate (the tests check it),
 # where no move gave about three times the rate and two standard errors about doubled the delay.
 MARGIN_SE = 1.0
-GOLD_NAMES = {"reward/rule_score/mean": "rule score", "reward/extra/acc/mean": "reward's acc"}
 
 
 @dataclass

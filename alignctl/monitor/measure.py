@@ -15,10 +15,10 @@ from typing import Any
 
 from alignctl.batch import Batch
 from alignctl.data.rl_dataset import to_batch
+from alignctl.monitor.alarms import gold_and_proxy
 from alignctl.monitor.baseline import Baseline, summarize
 from alignctl.monitor.signals import response_diversity
 
-GOLD_KEYS = ("reward/rule_score/mean", "reward/extra/acc/mean")  # as alarms._per_step_gold picks them
 
 
 def baseline_prompts(dataset: Any, count: int, world_size: int, seed: int) -> Batch:
@@ -26,12 +26,6 @@ def baseline_prompts(dataset: Any, count: int, world_size: int, seed: int) -> Ba
     count = min(-(-count // world_size) * world_size, len(dataset) - len(dataset) % world_size)
     picked = sorted(random.Random(seed).sample(range(len(dataset)), count))
     return to_batch([dataset[i] for i in picked], picked)
-
-
-def _gold_key(metrics: dict[str, float], uses_reward_model: bool) -> str | None:
-    if uses_reward_model and "reward/rule_score/mean" in metrics:
-        return "reward/rule_score/mean"
-    return "reward/extra/acc/mean" if "reward/extra/acc/mean" in metrics else None
 
 
 def measure_baseline(trainer: Any, prompts: Batch, logp_inputs: tuple[str, ...]) -> Baseline:
@@ -42,8 +36,7 @@ def measure_baseline(trainer: Any, prompts: Batch, logp_inputs: tuple[str, ...])
                              top_p=rollout.top_p, top_k=rollout.top_k)
     scored = trainer.parts.reward.score(batch)
     metrics = scored.meta.get("reward_metrics", {})
-    proxy_key = "reward/rm_score/mean" if "reward/rm_score/mean" in metrics else "critic/score/mean"
-    gold_key = _gold_key(metrics, cfg.reward_model.enable)
+    gold_key, proxy_key = gold_and_proxy(metrics)
     group_index = batch["group_index"].tolist()
     gold_by_group = None
     if gold_key is not None:  # one gold mean per prompt group: its spread is the test's noise
