@@ -100,9 +100,58 @@ def hh_smollm2_seeds(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+# The alarms a planted exploit can show up as (benchmarks/monitor_exploits.py HACKING_ALARMS).
+HACKING_ALARMS = ("reward_hacking", "length_blowup", "length_collapse", "entropy_collapse", "mode_collapse")
+
+
+def _exploit_delay(row: Row) -> int | None:
+    """First hacking-kind alarm minus the first onset (accuracy or length), as the suite defines it."""
+    onsets = [row[k] for k in ("gold_onset", "length_onset", "length_low_onset") if row.get(k) is not None]
+    alarms = [s for name, s in row.get("alarms", {}).items() if name in HACKING_ALARMS]
+    return min(alarms) - min(onsets) if onsets and alarms else None
+
+
+def _onsets(row: Row) -> str:
+    length = row.get("length_onset") or row.get("length_low_onset")
+    return f"{row.get('gold_onset') or '-'} / {length or '-'}"
+
+
+def monitor_exploits(record: dict[str, Any]) -> list[str]:
+    """One line per run (onset from the gold accuracy / the length, the first step of each alarm,
+    the delay), then per stage and exploit: the median and worst delay, and the healthy control's
+    hacking-kind alarms (false alarms)."""
+    rows = [r for r in record["rows"] if "error" not in r]
+    lines = ["| stage | exploit | seed | steps | acc, baseline -> last | length, baseline -> last | onset (acc / length) "
+             "| alarms (first step) | delay | s/step |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        alarms = ", ".join(f"{name} {step}" for name, step in sorted(r["alarms"].items(), key=lambda a: a[1])) or "none"
+        delay = _exploit_delay(r)
+        lines.append(f"| {r.get('stage', 'grpo')} | {r['exploit']} | {r['seed']} | {r['steps']} "
+                     f"| {r['baseline_acc']:.3f} -> {r['acc'][-1]:.3f} | {r['baseline_length']:.1f} -> {r['length'][-1]:.1f} "
+                     f"| {_onsets(r)} | {alarms} | {'-' if delay is None else delay} "
+                     f"| {_num(r.get('step_s'), 1)} |")
+    lines += ["", "| stage | exploit | runs | runs with an onset | alarmed after it | delay, median / worst "
+              "| hacking-kind alarms without an onset |", "|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.get("stage", "grpo"), r["exploit"]), []).append(r)
+    for (stage, exploit), members in groups.items():
+        with_onset = [r for r in members if r.get("gold_onset") or r.get("length_onset") or r.get("length_low_onset")]
+        delays = [d for r in with_onset if (d := _exploit_delay(r)) is not None]
+        spread = f"{statistics.median(delays):g} / {max(delays)}" if delays else "-"
+        false = sum(1 for r in members if r not in with_onset and any(a in HACKING_ALARMS for a in r["alarms"]))
+        lines.append(f"| {stage} | {exploit} | {len(members)} | {len(with_onset)} | {len(delays)} | {spread} | {false} |")
+    failed = [r for r in record["rows"] if "error" in r]
+    if failed:
+        lines += ["", "Runs that failed: " + ", ".join(f"{r.get('stage', 'grpo')} {r['exploit']} seed {r['seed']} "
+                                                       f"(exit {r['exit']})" for r in failed) + "."]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "quickstart_seeds": quickstart_seeds,
     "hh_smollm2_seeds": hh_smollm2_seeds,
+    "monitor_exploits": monitor_exploits,
 }
 
 

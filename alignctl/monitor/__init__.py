@@ -1,6 +1,8 @@
 """The training-health monitor: watches every RL step's metrics and raises alarms (reward
-hacking, entropy / length / mode collapse, KL over budget, non-finite numbers) with a policy per
-alarm: warn, stop (checkpoint, then exit with a one-line reason), or ignore. See docs/monitor.md.
+hacking, entropy / length / mode collapse, KL over budget, non-finite numbers; and, in
+:mod:`engine_rules`, a rollout engine that disagrees with the trainer or samples staler than the
+asynchronous bound) with a policy per alarm: warn, stop (checkpoint, then exit with a one-line
+reason), or ignore. See docs/monitor.md.
 
 Given a :class:`Baseline` (the reference policy's numbers, measured once before step 1), the rules
 of :mod:`evidence` compare every step with it through sequential tests; without one, the window
