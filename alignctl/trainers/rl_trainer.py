@@ -27,7 +27,7 @@ from alignctl.config.core import to_dict, to_yaml
 from alignctl.config.placement import pool_key
 from alignctl.config.rl import RLConfig
 from alignctl.models.batch_indices import balance_batch, balance_groups
-from alignctl.monitor import Alarm, Monitor, Thresholds, response_diversity
+from alignctl.monitor import Alarm, Monitor, response_diversity
 from alignctl.monitor.baseline import BASELINE_FILE, Baseline
 from alignctl.monitor.measure import baseline_prompts, measure_baseline
 from alignctl.pipeline.ownership import check_replaceable, is_owned, mark_owned
@@ -73,7 +73,9 @@ class RLTrainer:
         self.workers = None
         self.last_batch: Batch | None = None
         self.saving = False  # a checkpoint is being written (named in failure messages)
-        self.monitor = make_monitor(cfg.monitor) if cfg.monitor.enable else None
+        # The monitor's staleness alarm watches the queue's bound (none without a rollout pool of its own).
+        bound = cfg.trainer.async_rollout.max_staleness if cfg.separate_rollout else None
+        self.monitor = Monitor.from_config(cfg.monitor, max_staleness=bound) if cfg.monitor.enable else None
         self.need_ref = cfg.needs_reference
         self.on_policy = is_on_policy(cfg)
         self.rollout_version: int | None = None  # the actor update a rollout pool of its own generates with
@@ -512,15 +514,6 @@ def with_pool_metrics(batch: Batch, sync_s: float) -> Batch:
     batch.meta["rollout_metrics"] = {**batch.meta.get("rollout_metrics", {}), "timing_s/rollout_weight_sync": sync_s,
                                      "rollout/policy_version": float(batch.meta["policy_version"])}
     return batch
-
-
-def make_monitor(cfg: Any) -> Monitor:
-    """The monitor of a ``monitor`` config section."""
-    thresholds = Thresholds(window=cfg.window, gold_drop=cfg.gold_drop, entropy_floor=cfg.entropy_floor,
-                            length_high=cfg.length_high, length_low=cfg.length_low, min_unique=cfg.min_unique,
-                            kl_budget=cfg.kl_budget, tool_use_low=cfg.tool_use_low,
-                            false_alarm_rate=cfg.false_alarm_rate)
-    return Monitor(thresholds, dict(cfg.policies), cfg.policy)
 
 
 def is_on_policy(cfg: RLConfig) -> bool:
