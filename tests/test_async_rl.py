@@ -54,9 +54,9 @@ class Recording(RLTrainer):
         super().__init__(cfg)
         self.trained: list[tuple[int, list[int]]] = []
 
-    def queue_metrics(self, batch):
+    def step_rollout_metrics(self, batch):
         self.trained.append((self.global_step, batch["policy_version"].tolist()))
-        return super().queue_metrics(batch)
+        return super().step_rollout_metrics(batch)
 
 
 def _without(rows: list[dict], prefixes: tuple[str, ...]) -> list[dict]:
@@ -77,6 +77,8 @@ def test_staleness_zero_is_the_synchronous_loop(assets, tmp_path, estimator):
     sync, k0 = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "k0")
     assert len(sync) == 3
     assert _without(k0, (*TIME_DEPENDENT, "rollout/")) == _without(sync, (*TIME_DEPENDENT, "rollout/"))
+    lengths = ("rollout/generated_length/mean", "rollout/trained_length/mean")
+    assert [[r[key] for key in lengths] for r in k0] == [[r[key] for key in lengths] for r in sync]
     assert all(r["rollout/staleness/max"] == 0 for r in k0)
     assert [r["rollout/policy_version"] for r in k0] == [0.0, 1.0, 2.0]
 

@@ -82,6 +82,7 @@ class RLTrainer:
         self.rollout_probe: list[int] | None = None
         self.queue = RolloutQueue(cfg.trainer.async_rollout.max_staleness) if cfg.separate_rollout else None
         self.epoch = 0  # the loader's epoch once this step's prompts were drawn
+        self.generated_lengths: list[int] = []  # of this step's training rollouts, filtered or not
 
     # ------------------------------------------------------------------ the step
 
@@ -90,7 +91,7 @@ class RLTrainer:
         with timer("step"):
             with timer("gen"):
                 batch, pending_reward = self.collect_batch(prompts, timer)
-            queue_metrics = self.queue_metrics(batch)  # before any update: asserts the staleness bound
+            rollout_metrics = self.step_rollout_metrics(batch)  # before any update: asserts the staleness bound
             order = self.balance_order(batch)
             batch = batch.index(order)
             batch = self.forward_passes(batch, timer)
@@ -104,7 +105,7 @@ class RLTrainer:
             metrics |= self.updates(batch, timer)
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | tool_metrics(batch)
-        metrics |= rollout_mismatch_metrics(batch) | correction_metrics | queue_metrics
+        metrics |= rollout_mismatch_metrics(batch) | correction_metrics | rollout_metrics
         metrics |= batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.total_workers)
         metrics |= response_diversity(batch["responses"], batch["response_mask"],
@@ -133,9 +134,10 @@ class RLTrainer:
         if self.queue is None:
             prompts = self.parts.loader.next_batch()
             self.epoch = self.parts.loader.epoch
-            return prompts
-        self.fill_queue()
-        prompts = self.queue.pop()
+        else:
+            self.fill_queue()
+            prompts = self.queue.pop()
+        prompts.meta["training_prompts"] = True  # their rollouts count as generated for training
         return prompts
 
     def fill_queue(self) -> None:
@@ -161,6 +163,12 @@ class RLTrainer:
         Prompts from ``next_prompts`` asked for with ``rollout_request()`` come from the queue."""
         request = {"n": n, "do_sample": do_sample, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                    "prompt_width": prompt_width}
+        batch = self._generate(prompts, request)
+        if prompts.meta.get("training_prompts") and request == self.rollout_request():
+            self.generated_lengths += batch["response_mask"].sum(-1).tolist()
+        return batch
+
+    def _generate(self, prompts: Batch, request: dict[str, Any]) -> Batch:
         queued = self.queue.take(prompts, request) if self.queue is not None else None
         if queued is not None:
             self.epoch = queued.epoch
@@ -193,15 +201,19 @@ class RLTrainer:
             self.workers.gather(role, method, refs)
         return time.perf_counter() - start if syncs else 0.0
 
-    def queue_metrics(self, batch: Batch) -> dict[str, float]:
-        """Staleness of every response about to be trained (checked against the bound), the waits of
-        both sides, and the lengths of the responses generated for this step against those trained."""
+    def step_rollout_metrics(self, batch: Batch) -> dict[str, float]:
+        """The mean length of the responses generated for this step against those trained (they
+        differ only where responses are filtered: DAPO); with a rollout pool, the staleness of every
+        response about to be trained (checked against the bound) and the waits of both sides."""
+        generated, self.generated_lengths = self.generated_lengths, []
+        metrics = {"rollout/trained_length/mean": float(batch["response_mask"].sum(-1).float().mean())}
+        if generated:
+            metrics["rollout/generated_length/mean"] = sum(generated) / len(generated)
         if self.queue is None or "policy_version" not in batch:
-            return {}
+            return metrics
         staleness = check_staleness(batch["policy_version"], self.global_step, self.queue.max_staleness).float()
-        return {"rollout/staleness/mean": float(staleness.mean()), "rollout/staleness/max": float(staleness.max()),
-                "rollout/trained_length/mean": float(batch["response_mask"].sum(-1).float().mean()),
-                **self.queue.step_metrics()}
+        return {**metrics, "rollout/staleness/mean": float(staleness.mean()),
+                "rollout/staleness/max": float(staleness.max()), **self.queue.step_metrics()}
 
     def add_extra_rollouts(self, prompts: Batch, batch: Batch) -> Batch:
         """The extra rollouts the estimator declares (ReMax: its greedy baseline), unioned into ``batch``."""

@@ -81,7 +81,6 @@ class RolloutQueue:
 
     def reset_step(self) -> None:
         self.wait_rollout = self.wait_train = self.sync_s = 0.0
-        self.generated_lengths: list[int] = []
 
     def wants_more(self, global_step: int, total_steps: int) -> bool:
         """k + 1 batches queued, none for steps past the end (always one when asked for a batch)."""
@@ -112,7 +111,6 @@ class RolloutQueue:
         self.wait_rollout += time.perf_counter() - start
         self.wait_train += float(item.result.meta.get("rollout_idle_s", 0.0))
         self.sync_s += item.sync_s
-        self.generated_lengths += item.result["response_mask"].sum(-1).tolist()
         return item
 
     def resolve(self, item: QueuedRollout) -> None:
@@ -127,12 +125,9 @@ class RolloutQueue:
             item.refs = None
 
     def step_metrics(self) -> dict[str, float]:
-        """The waits and generated lengths since the last call (one training step)."""
-        lengths = torch.tensor(self.generated_lengths, dtype=torch.float)
+        """Both sides' waits since the last call (one training step)."""
         metrics = {"timing_s/wait_rollout": self.wait_rollout, "timing_s/wait_train": self.wait_train,
-                   "timing_s/rollout_weight_sync": self.sync_s, "rollout/queued": float(len(self.items))}
-        if lengths.numel():
-            metrics["rollout/generated_length/mean"] = float(lengths.mean())
+                   "rollout/queued": float(len(self.items))}
         self.reset_step()
         return metrics
 
