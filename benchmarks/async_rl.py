@@ -16,7 +16,7 @@ synchronous step T s (both measured here at k = 0), a synchronous step costs G +
 overlapped one max(G, T), so async can gain at most (G + T) / max(G, T) on hardware where the two
 pools do not share cores (this machine's 2 cores are shared with everything else).
 
-    python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--json OUT]
+    python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--settings uniform long_tail] [--json OUT]
 """
 
 from __future__ import annotations
@@ -124,12 +124,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.add_argument("--steps", type=int, default=None, help="steps per run (default 10; 3 with --quick)")
         parser.add_argument("--smollm2", default=None, metavar="DIR", help="a Hugging Face model folder "
                             "(SmolLM2-135M-Instruct) instead of the tiny random model")
+        parser.add_argument("--settings", nargs="+", choices=("uniform", "long_tail"), default=["uniform", "long_tail"])
 
     args = parse_bench_args(__doc__.splitlines()[0], argv, extra)
     steps = args.steps or (3 if args.quick else 10)
     hidden, layers = (64, 2) if args.quick else (256, 4)
     short = 40 if args.smollm2 else 16
-    settings = {"uniform": short, "long_tail": 8 * short}
+    settings = {name: budget for name, budget in (("uniform", short), ("long_tail", 8 * short)) if name in args.settings}
     batch, n = (4, 2) if args.quick else (8, 4)
     results: dict[str, dict[int, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
@@ -144,15 +145,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
 
     ray.shutdown()
-    tail = results["long_tail"]
+    headline = results.get("long_tail") or results["uniform"]
     setup = {"command": " ".join(["python", *sys.argv]), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "model": args.smollm2 or f"tiny char Llama hidden={hidden} layers={layers} (random weights)",
              "batch": f"{batch} prompts x {n}", "steps_per_run": steps,
              "placement": "actor: 1 CPU worker; rollout: its own pool, 1 CPU worker (hf engine)",
              "settings": {name: {"max_response_length": settings[name], "by_staleness": {str(k): r for k, r in v.items()},
                                  "estimate": estimate(v[0])} for name, v in results.items()}}
-    return report("async RL, long-tail setting: k=1 vs synchronous (k=0)", tail[1]["steps_per_s"],
-                  tail[0]["steps_per_s"], "steps/s", setup, higher_is_better=True, json_path=args.json)
+    return report(f"async RL, {'long-tail' if 'long_tail' in results else 'uniform'} setting: k=1 vs synchronous "
+                  "(k=0)", headline[1]["steps_per_s"], headline[0]["steps_per_s"], "steps/s", setup, higher_is_better=True, json_path=args.json)
 
 
 if __name__ == "__main__":

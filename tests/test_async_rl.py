@@ -141,6 +141,29 @@ def test_ppo_with_a_critic_runs_async(assets, tmp_path):
     assert all(all_finite(r) and r["critic/vf_loss"] > 0 for r in rows)
 
 
+def test_dapo_rounds_come_from_the_queue_within_the_bound(assets, tmp_path):
+    """DAPO's extra generation rounds take the next queued batches too (so a step may train
+    fresher responses than k allows, never staler); every generated round is counted."""
+    from alignctl.trainers.dapo import DAPOTrainer
+
+    class RecordingDAPO(DAPOTrainer, Recording):
+        pass
+
+    coarse = tmp_path / "first_digit.py"  # 0/1 scores: many groups of two score alike, so steps need extra rounds
+    coarse.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(solution_str[:1].isdigit())\n")
+    cfg = rl_config(assets, tmp_path / "run", "trainer.total_training_steps=3", "algorithm.filter_groups.enable=true",
+                    f"custom_reward_function.path={coarse}", "trainer.stop_on_flat_reward=false", *staleness(1))
+    trainer = RecordingDAPO(cfg)
+    trainer.fit()
+    rows = read_metrics(tmp_path / "run")
+    assert any(r["dapo/num_gen_batches"] > 1 for r in rows)
+    for step, versions in trainer.trained:
+        assert all(0 <= step - v <= 1 for v in versions)
+    assert all(r["rollout/staleness/max"] <= 1 and all_finite(r) for r in rows)
+    assert all(r["rollout/generated_length/mean"] > 0 for r in rows)
+
+
 def _fit_rows(assets, tmp_path: Path, *overrides: str) -> list[dict]:
     RLTrainer(rl_config(assets, tmp_path / "run", *overrides)).fit()
     return read_metrics(tmp_path / "run")
