@@ -17,6 +17,11 @@ overlapped one max(G, T), so async can gain at most (G + T) / max(G, T) on hardw
 pools do not share cores (this machine's 2 cores are shared with everything else).
 
     python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--settings uniform long_tail] [--json OUT]
+
+``--workdirs DIR ...`` runs nothing: it reads finished quickstart pipeline workdirs (one per seed) in
+which the GRPO stage ran both synchronously and with ``trainer.async_rollout.max_staleness`` (two grpo
+artifacts, each with its eval_grpo), and prints per seed and arm the held-out accuracy, the GRPO
+stage's wall time and the mean generated against trained response length, then mean and worst per arm.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report  # noqa: E402
+from _common import machine_info, parse_bench_args, report  # noqa: E402
 
 STALENESS = (0, 1, 2)
 
@@ -119,14 +124,56 @@ def print_setting(name: str, results: dict[int, dict[str, float]]) -> None:
           f"synchronous step -> at most {est['max_speedup']:.2f}x with both pools on hardware of their own")
 
 
+def grpo_arms(workdir: Path) -> list[dict[str, Any]]:
+    """Every eval_grpo of ``workdir`` with the GRPO run it evaluated: staleness bound, accuracy, wall time, lengths."""
+    arms = []
+    for path in sorted(workdir.glob("eval_grpo-*/manifest.json")):
+        evaluation = json.loads(path.read_text())
+        grpo = Path(evaluation["inputs"]["grpo"])
+        manifest = json.loads((grpo / "manifest.json").read_text())
+        trainer = manifest["config"].get("trainer", {})
+        rows = [json.loads(line) for line in (grpo / "metrics.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if "rollout/trained_length/mean" in r]
+        arms.append({"workdir": str(workdir), "grpo": grpo.name,
+                     "max_staleness": trainer.get("async_rollout", {}).get("max_staleness", 0),
+                     "accuracy": evaluation["metrics"]["accuracy/arith/pass@1"],
+                     "sft_accuracy": evaluation["metrics"]["reference_accuracy/arith/pass@1"],
+                     "grpo_wall_s": round(manifest["wall_time_s"]),
+                     "generated_length": statistics.fmean(r["rollout/generated_length/mean"] for r in rows) if rows else None,
+                     "trained_length": statistics.fmean(r["rollout/trained_length/mean"] for r in rows) if rows else None})
+    return arms
+
+
+def summarize_workdirs(workdirs: list[str], json_path: str | None) -> dict[str, Any]:
+    arms = [arm for folder in workdirs for arm in grpo_arms(Path(folder))]
+    for arm in arms:
+        print(json.dumps(arm))
+    summary: dict[str, Any] = {}
+    for k in sorted({a["max_staleness"] for a in arms}):
+        mine = [a for a in arms if a["max_staleness"] == k]
+        summary[f"k={k}"] = {"runs": len(mine), "accuracy_mean": statistics.fmean(a["accuracy"] for a in mine),
+                             "accuracy_worst": min(a["accuracy"] for a in mine),
+                             "grpo_wall_s_mean": statistics.fmean(a["grpo_wall_s"] for a in mine)}
+    print(json.dumps(summary))
+    record = {"name": "async_rl_quickstart", "command": " ".join(["python", *sys.argv]), "arms": arms,
+              "summary": summary, "machine": machine_info(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    if json_path:
+        Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     def extra(parser: Any) -> None:
         parser.add_argument("--steps", type=int, default=None, help="steps per run (default 10; 3 with --quick)")
         parser.add_argument("--smollm2", default=None, metavar="DIR", help="a Hugging Face model folder "
                             "(SmolLM2-135M-Instruct) instead of the tiny random model")
         parser.add_argument("--settings", nargs="+", choices=("uniform", "long_tail"), default=["uniform", "long_tail"])
+        parser.add_argument("--workdirs", nargs="+", default=None, metavar="DIR",
+                            help="summarize finished quickstart workdirs (sync and async GRPO arms); run nothing")
 
     args = parse_bench_args(__doc__.splitlines()[0], argv, extra)
+    if args.workdirs:
+        return summarize_workdirs(args.workdirs, args.json)
     steps = args.steps or (3 if args.quick else 10)
     hidden, layers = (64, 2) if args.quick else (256, 4)
     short = 40 if args.smollm2 else 16
