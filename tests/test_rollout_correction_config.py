@@ -11,7 +11,7 @@ from alignctl.config.core import load_config
 from alignctl.config.rl import ROLLOUT_CORRECTION_MODES, RLConfig
 from alignctl.errors import UserError
 from alignctl.trainers.rl_trainer import ACTOR_UPDATE_INPUTS, is_on_policy
-from alignctl.trainers.rollout_correction import apply_rollout_correction
+from alignctl.trainers.importance_weights import apply_rollout_correction
 
 BASE = {"actor_rollout_ref.model.path": "m", "data.train_files": ["t.parquet"], "actor_rollout_ref.rollout.n": 2,
         "data.train_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 4}

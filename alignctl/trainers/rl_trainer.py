@@ -37,7 +37,7 @@ from alignctl.trainers.checkpoint_folders import (checkpoint_root, commit, read_
                                           start_partial, truncate_metrics, write_state)
 from alignctl.trainers.metrics import (Timer, data_metrics, kl_metrics, rollout_mismatch_metrics, throughput,
                                       tool_metrics)
-from alignctl.trainers.rollout_correction import apply_rollout_correction
+from alignctl.trainers.importance_weights import apply_rollout_correction
 from alignctl.trainers.rollout_queue import QUEUE_FILE, QueuedRollout, RolloutQueue, check_staleness
 from alignctl.trainers.rl_setup import RLComponents, build_components, start_workers
 from alignctl.trainers.validation import validate
