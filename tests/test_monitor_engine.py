@@ -178,3 +178,10 @@ def test_a_planted_engine_mismatch_fires_at_step_1_and_float32_hf_stays_quiet(tm
     first = planted[0]
     assert first["rollout_corr/k3_kl"] > 0.01 and math.exp(first[ABS]) > 1.05, (first["rollout_corr/k3_kl"], first[ABS])
     assert first.get("monitor/alarm/mismatch_kl") == 1.0 and first.get("monitor/alarm/token_prob_ratio") == 1.0
+    # The run's summary.json carries the monitor's account: each alarm's line and the largest mismatch.
+    import json
+    healthy_summary = json.loads((tmp_path / "hf" / "summary.json").read_text())["monitor"]
+    planted_summary = json.loads((tmp_path / "hot_hf" / "summary.json").read_text())["monitor"]
+    assert healthy_summary["alarms"] == []
+    assert [line.split(": ")[1] for line in planted_summary["alarms"]] == ["mismatch_kl", "token_prob_ratio"]
+    assert planted_summary["rollout_mismatch"]["k3_kl_max"] >= first["rollout_corr/k3_kl"]

@@ -326,7 +326,12 @@ class RLTrainer:
             self.workers.shutdown(keep_warm=finished and self.cfg.trainer.reuse_workers)
             if refused and new_run:
                 shutil.rmtree(run_dir, ignore_errors=True)  # leave no run folder behind a refused run
-        (run_dir / "summary.json").write_text(json.dumps(_summary(result), indent=2), encoding="utf-8")
+        summary = _summary(result)
+        if self.monitor is not None:
+            summary["monitor"] = self.monitor.summary()
+            if (line := self.monitor.summary_line()) is not None:
+                console.print(line)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         return result
 
     def record_policy_origin(self, policy_dir: Path) -> None:
