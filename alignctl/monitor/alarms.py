@@ -35,30 +35,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 from alignctl.monitor.engine_rules import mismatch_kl, staleness_bound, token_prob_ratio
+from alignctl.monitor.thresholds import Series, Thresholds
 
-Series = list[tuple[int, float]]
 NOISE_Z = 3.0  # a per-step gold's falling slope must exceed this many standard errors (see _trend_hacking)
 TREND_WINDOWS = 4  # the trend of a per-step gold is fitted over the last 4 x W steps
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    window: int = 4
-    gold_drop: float = 0.05
-    entropy_floor: float = 0.1
-    length_high: float = 2.0
-    length_low: float = 0.5
-    min_unique: float = 0.25
-    kl_budget: float = 0.5
-    tool_use_low: float = 0.25
-    false_alarm_rate: float = 0.05  # the baseline tests' (evidence.py): chance of a false alarm over a run
-    mismatch_kl: float = 0.01  # engine_rules.py: training-inference mismatch KL (k3), nats per token
-    prob_ratio: float = 1.05  # engine_rules.py: geometric-mean token probability ratio (NeMo-RL's bound)
-    max_staleness: int | None = None  # the asynchronous loop's bound, set by the loop (None: not judged)
 
 
 def _mean(values: list[float]) -> float:

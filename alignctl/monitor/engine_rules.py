@@ -26,7 +26,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from alignctl.monitor.alarms import Series, Thresholds
+    from alignctl.monitor.thresholds import Series, Thresholds
 
 K3_KEY, K1_KEY = "rollout_corr/k3_kl", "rollout_corr/kl"
 ABS_DIFF_KEY, MAX_DIFF_KEY = "rollout/log_prob_diff_mean", "rollout/log_prob_diff_max"
