@@ -2,7 +2,7 @@
 step 1 (its own prompts, the training sampling settings), so it must draw from no random stream the
 run itself uses: the same seed gives the same training numbers with the baseline on or off.
 
-GRPO and PPO (critic) on the tiny model, 3 sampled steps each, metric histories compared key by key
+GRPO and PPO (critic) on the tiny model, 2 sampled steps each, metric histories compared key by key
 except the monitor's own keys and wall-clock timings."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _history(assets: dict[str, Path], run: Path, *overrides: str) -> list[dict[s
     from alignctl.trainers.rl_factory import create_trainer
 
     try:
-        create_trainer(rl_config(assets, run, "trainer.total_training_steps=3", "trainer.stop_on_flat_reward=false",
+        create_trainer(rl_config(assets, run, "trainer.total_training_steps=2", "trainer.stop_on_flat_reward=false",
                                  *overrides)).fit()
     finally:
         ray.shutdown()
@@ -42,7 +42,7 @@ def test_the_baseline_leaves_every_training_number_unchanged(tmp_path: Path, est
     unwatched = _history(assets, tmp_path / "unwatched", *common, "monitor.baseline_prompts=0")
     assert (tmp_path / "watched" / "monitor_baseline.json").exists()
     assert not (tmp_path / "unwatched" / "monitor_baseline.json").exists()
-    assert len(watched) == len(unwatched) == 3
+    assert len(watched) == len(unwatched) == 2
     for step, (a, b) in enumerate(zip(watched, unwatched), 1):
         assert a.keys() == b.keys(), (step, sorted(a.keys() ^ b.keys()))
         differing = {k: (a[k], b[k]) for k in a if a[k] != b[k]}
