@@ -139,21 +139,27 @@ class RolloutQueue:
             return
         for item in self.items:
             self.resolve(item)
-        records = [{"prompts": i.prompts, "request": i.request, "version": i.version, "epoch": i.epoch,
-                    "result": i.result} for i in self.items]
+        records = [{"prompts": _plain(i.prompts), "request": i.request, "version": i.version, "epoch": i.epoch,
+                    "result": _plain(i.result)} for i in self.items]
         torch.save(records, folder / QUEUE_FILE)
 
     def load(self, folder: Path, global_step: int) -> None:
-        """The batches a checkpoint queued (its folder's signature was checked before: it holds pickles)."""
+        """The batches a checkpoint queued: tensors and plain Python values only (loaded with
+        ``weights_only=True``, like every torch.load of the package: a checkpoint never runs code)."""
         path = folder / QUEUE_FILE
         if not path.exists():
             return
-        records = torch.load(path, weights_only=False)
+        records = torch.load(path, weights_only=True)
         for position, record in enumerate(records):
             staleness = global_step + position - record["version"]
             if staleness > self.max_staleness:
                 raise UserError(f"{path}: its queued batches were generated {staleness} updates before they "
                                 f"train; resume with trainer.async_rollout.max_staleness >= {staleness} "
                                 f"(this run has {self.max_staleness})")
-            self.items.append(QueuedRollout(record["prompts"], record["request"], record["version"], record["epoch"],
-                                            result=record["result"]))
+            self.items.append(QueuedRollout(Batch(**record["prompts"]), record["request"], record["version"],
+                                            record["epoch"], result=Batch(**record["result"])))
+
+
+def _plain(batch: Batch) -> dict[str, Any]:
+    """A Batch as the dict of tensors, lists and meta it holds: what weights_only loading accepts."""
+    return {"tensors": batch.tensors, "lists": batch.lists, "meta": batch.meta}
