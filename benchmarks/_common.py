@@ -44,6 +44,35 @@ def smollm2_config(layers: int) -> Any:
                        tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, num_labels=1)
 
 
+DIGIT_REWARD = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
+
+
+def arith_prompts(root: Path, num_train: int) -> Path:
+    """Arith prompts (and the SFT/preference splits the tiny tokenizer is trained on) under ``root/arith``."""
+    from alignctl.config.preprocess import ArithConfig, PreprocessConfig
+    from alignctl.data.preprocess import run_preprocess
+
+    data = root / "arith"
+    run_preprocess(PreprocessConfig(dataset="arith", out=str(data), seed=0,
+                                    arith=ArithConfig(num_train=num_train, num_test=16, num_sft=64, num_pref=64)),
+                   progress=False)
+    return data
+
+
+def tiny_model_with_digit_reward(root: Path, data: Path, hidden: int, layers: int) -> dict[str, Path]:
+    """A random char-level Llama on ``data``'s text and a dense reward (the share of digits: a random
+    model's responses get varied scores), as RL assets."""
+    from alignctl.models.tiny import init_model
+
+    model = root / "model"
+    init_model(out=model, tokenizer_from=[data / "sft_train.parquet", data / "train.parquet"], hidden=hidden,
+               layers=layers, tokenizer_kind="char", seed=0)
+    reward = root / "digits.py"
+    reward.write_text(DIGIT_REWARD)
+    return {"data": data, "model": model, "reward": reward}
+
+
 def parse_bench_args(description: str, argv: Sequence[str] | None = None,
                      extra: Callable[[argparse.ArgumentParser], Any] | None = None) -> argparse.Namespace:
     """Common flags: ``--quick`` (smaller workload for smoke runs) and ``--json OUT``; ``extra`` adds a

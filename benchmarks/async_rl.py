@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, parse_bench_args, report  # noqa: E402
+from _common import (arith_prompts, machine_info, parse_bench_args, report,  # noqa: E402
+                     tiny_model_with_digit_reward)
 
 STALENESS = (0, 1, 2)
 
@@ -43,23 +44,10 @@ STALENESS = (0, 1, 2)
 def make_assets(root: Path, smollm2: str | None, hidden: int, layers: int) -> dict[str, Any]:
     """Arith prompts; the tiny char model with a dense digit reward, or the SmolLM2 folder with the
     arith rule score."""
-    from alignctl.config.preprocess import ArithConfig, PreprocessConfig
-    from alignctl.data.preprocess import run_preprocess
-    from alignctl.models.tiny import init_model
-
-    data = root / "arith"
-    run_preprocess(PreprocessConfig(dataset="arith", out=str(data), seed=0,
-                                    arith=ArithConfig(num_train=512, num_test=16, num_sft=64, num_pref=64)),
-                   progress=False)
+    data = arith_prompts(root, num_train=512)
     if smollm2:
         return {"data": data, "model": Path(smollm2), "reward": None}
-    model = root / "model"
-    init_model(out=model, tokenizer_from=[data / "sft_train.parquet", data / "train.parquet"], hidden=hidden,
-               layers=layers, tokenizer_kind="char", seed=0)
-    reward = root / "digits.py"  # dense: a random model's responses get varied scores
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
-    return {"data": data, "model": model, "reward": reward}
+    return tiny_model_with_digit_reward(root, data, hidden, layers)
 
 
 def overrides(assets: dict[str, Any], run_dir: Path, *, k: int, steps: int, response: int, batch: int,

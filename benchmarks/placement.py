@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parse_bench_args, report  # noqa: E402
+from _common import arith_prompts, parse_bench_args, report, tiny_model_with_digit_reward  # noqa: E402
 
 # Phase pairs that can overlap when the critic has its own pool: (actor methods, critic methods).
 PHASES = {"forward": (("compute_log_prob", "compute_ref_log_prob"), ("compute_values",)),
@@ -44,20 +44,7 @@ def phase_overlap(actor: list[Span], critic: list[Span], actor_methods: tuple[st
 
 
 def make_assets(root: Path, hidden: int, layers: int) -> dict[str, Path]:
-    from alignctl.config.preprocess import ArithConfig, PreprocessConfig
-    from alignctl.data.preprocess import run_preprocess
-    from alignctl.models.tiny import init_model
-
-    data, model = root / "arith", root / "model"
-    run_preprocess(PreprocessConfig(dataset="arith", out=str(data), seed=0,
-                                    arith=ArithConfig(num_train=256, num_test=16, num_sft=64, num_pref=64)),
-                   progress=False)
-    init_model(out=model, tokenizer_from=[data / "sft_train.parquet", data / "train.parquet"], hidden=hidden,
-               layers=layers, tokenizer_kind="char", seed=0)
-    reward = root / "digits.py"  # dense: a random model's responses get varied scores
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
-    return {"data": data, "model": model, "reward": reward}
+    return tiny_model_with_digit_reward(root, arith_prompts(root, num_train=256), hidden, layers)
 
 
 def overrides(assets: dict[str, Path], run_dir: Path, steps: int, response: int) -> list[str]:
