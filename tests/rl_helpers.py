@@ -38,6 +38,17 @@ def make_assets(root: Path, *, num_train: int = 64, num_test: int = 16, hidden: 
     return {"data": data, "model": model, "reward": reward}
 
 
+def make_vllm_assets(root: Path) -> dict[str, Path]:
+    """``make_assets`` with a char-level Llama of head_dim 64 (vLLM's CPU attention kernel refuses 16)."""
+    from alignctl.models.tiny import init_model
+
+    assets = make_assets(root, num_train=16, num_test=8)
+    model = root / "model128"
+    init_model(out=model, tokenizer_from=[assets["data"] / "sft_train.parquet", assets["data"] / "train.parquet"],
+               hidden=128, layers=2, heads=2, tokenizer_kind="char", seed=0)
+    return {**assets, "model": model}
+
+
 def rl_config(assets: dict[str, Path], run_dir: Path, *overrides: str) -> RLConfig:
     base = [
         f"data.train_files=[{assets['data'] / 'train.parquet'}]",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from alignctl.errors import RunFailed
-from rl_helpers import all_finite, launch_kill_driver, make_assets, read_metrics, rl_config
+from rl_helpers import all_finite, launch_kill_driver, make_vllm_assets, read_metrics, rl_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -39,14 +39,7 @@ register_rollout_engine(EngineEntry("lossy_vllm", f"{__name__}:LossyVLLM", Engin
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny arith data and a char-level Llama with head_dim 64 (vLLM's CPU kernel refuses 16)."""
-    from alignctl.models.tiny import init_model
-
-    root = tmp_path_factory.mktemp("vllm_rl")
-    assets = make_assets(root, num_train=16, num_test=8)
-    model = root / "model128"
-    init_model(out=model, tokenizer_from=[assets["data"] / "sft_train.parquet", assets["data"] / "train.parquet"],
-               hidden=128, layers=2, heads=2, tokenizer_kind="char", seed=0)
-    return {**assets, "model": model}
+    return make_vllm_assets(tmp_path_factory.mktemp("vllm_rl"))
 
 
 def _fit(cfg):
