@@ -161,15 +161,19 @@ def test_a_planted_engine_mismatch_fires_at_step_1_and_float32_hf_stays_quiet(tm
     plugin.write_text(HOT_ENGINE)
     common = ("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
               "trainer.stop_on_flat_reward=false", "monitor.baseline_prompts=0", f"algorithm.plugins=[{plugin}]")
+    from alignctl.rollout import ROLLOUT_ENGINES
     runs = {}
-    for engine in ("hf", "hot_hf"):
-        run = tmp_path / engine
-        import ray
-        try:
-            create_trainer(rl_config(assets, run, *common, f"actor_rollout_ref.rollout.name={engine}")).fit()
-        finally:
-            ray.shutdown()
-        runs[engine] = read_metrics(run)
+    try:
+        for engine in ("hf", "hot_hf"):
+            run = tmp_path / engine
+            import ray
+            try:
+                create_trainer(rl_config(assets, run, *common, f"actor_rollout_ref.rollout.name={engine}")).fit()
+            finally:
+                ray.shutdown()
+            runs[engine] = read_metrics(run)
+    finally:
+        ROLLOUT_ENGINES.pop("hot_hf", None)  # the plugin registered itself in this process: later tests see the built-ins only
     healthy, planted = runs["hf"], runs["hot_hf"]
     assert [r["step"] for r in healthy] == [1, 2] and [r["step"] for r in planted] == [1, 2]
     for row in healthy:
