@@ -378,7 +378,7 @@ class MonitorConfig:
     enable: bool = field(True, help="Watch every step for reward hacking, entropy / length / mode collapse, KL over "
                                     "budget, non-finite numbers, a rollout engine that disagrees with the trainer and "
                                     "samples staler than the asynchronous bound (docs/monitor.md).")
-    baseline_prompts: int = field(16, ge=0, help="Training prompts the reference policy answers once before step 1 "
+    baseline_prompts: int = field(64, ge=0, help="Training prompts the reference policy answers once before step 1 "
                                                  "(rollout.n responses each): the baseline every step is tested "
                                                  "against. 0: no baseline; the rules compare the run with its own "
                                                  "first 'window' steps.")
