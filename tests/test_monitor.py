@@ -37,15 +37,19 @@ def test_no_rule_fires_before_two_windows_of_data():
 
 def test_an_alarm_re_arms_after_its_condition_cleared():
     lengths = [10, 10, 30, 30, 10, 10, 30, 30]
-    # W=2, start 10: recent at step 4 = 30 > 2x -> fire; step 6 = 10 clears; step 8 = 30 fires again.
-    assert _fired([{"response_length/mean": v} for v in lengths], window=2) == [(4, "length_blowup"), (8, "length_blowup")]
+    # W=2, start 10, length_high 2: recent at step 4 = 30 > 2x -> fire; step 6 = 10 clears; step 8 = 30 fires again.
+    assert _fired([{"response_length/mean": v} for v in lengths], window=2, length_high=2.0) == [
+        (4, "length_blowup"), (8, "length_blowup")]
 
 
-def test_length_collapse_below_half_of_start():
+def test_length_collapse_below_the_fraction_of_start():
+    # The default fraction 0.75, W=2, start 40: recent (35+31)/2 = 33 < 30? no; (30+29)/2 = 29.5 < 30: fires.
+    assert _fired([{"response_length/mean": v} for v in (40, 40, 35, 31)], window=2) == []
+    assert _fired([{"response_length/mean": v} for v in (40, 40, 30, 29)], window=2) == [(4, "length_collapse")]
     stream = [{"response_length/mean": v} for v in (40, 40, 30, 19)]  # recent (30+19)/2=24.5 < 20? no
-    assert _fired(stream, window=2) == []
+    assert _fired(stream, window=2, length_low=0.5) == []
     stream = [{"response_length/mean": v} for v in (40, 40, 21, 18)]  # recent 19.5 < 0.5 x 40 = 20
-    assert _fired(stream, window=2) == [(4, "length_collapse")]
+    assert _fired(stream, window=2, length_low=0.5) == [(4, "length_collapse")]
 
 
 def test_mode_collapse_when_few_responses_are_distinct():

@@ -111,24 +111,33 @@ SETTINGS = Settings(false_alarm_rate=0.05, horizon=20, length_high=2.0, length_l
 def test_gold_test_fires_on_the_planted_fall_with_its_evidence_in_one_line():
     """Baseline 0.19 over 128 responses; from step 2 on, 4 of 64 right while the proxy rises."""
     test = GoldTest(_baseline(0.19), SETTINGS)
-    # p0 = 0.19 - sqrt(0.19 x 0.81 / 128) = 0.19 - 0.034675 = 0.155325; odds 0.183887, halved 0.091944,
-    # p1 = 0.091944 / 1.091944 = 0.084202.
-    assert test.p0 == pytest.approx(0.155325, abs=1e-6) and test.p1 == pytest.approx(0.084202, abs=1e-6)
-    # Per step: 64 x (0.0625 ln(p1/p0) + 0.9375 ln((1-p1)/(1-p0))) = 64 x (0.0625 x -0.612311 + 0.9375 x
-    # 0.080843) = 64 x 0.037521 = 2.4013; h = ln(20 / 0.05) = 5.99: S = 2.40 (step 2), 4.80 (step 3),
-    # 7.20 (step 4) -> fires at step 4.
+    # p0 = 0.19 - sqrt(0.19 x 0.81 / 128) = 0.19 - 0.034675 = 0.155325; odds 0.183887; halved 0.091944 ->
+    # p1 = 0.091944 / 1.091944 = 0.084202; quartered 0.045972 -> p1 = 0.045972 / 1.045972 = 0.043951.
+    assert test.p0 == pytest.approx(0.155325, abs=1e-6)
+    assert test.p1s == pytest.approx([0.084202, 0.043951], abs=1e-6)
+    # Per step, halved: 64 x (0.0625 ln(p1/p0) + 0.9375 ln((1-p1)/(1-p0))) = 64 x (0.0625 x -0.612303 + 0.9375 x
+    # 0.080844) = 64 x 0.037522 = 2.4014; quartered: 64 x (0.0625 x -1.262437 + 0.9375 x 0.123857) = 2.3817.
+    # h = ln(20 / 0.05) + ln 2 = 6.68 (two tests share the rate): S = 2.40, 4.80, 7.20 (step 4) -> fires at step 4.
     reasons = [test.update(step, {GOLD: 0.0625, PROXY: 1.5, "monitor/responses": 64.0}) for step in (2, 3, 4)]
     assert reasons[:2] == [None, None] and reasons[2] is not None
-    assert test.cusum.statistic == pytest.approx(3 * 2.4013, abs=1e-3)
+    assert [c.statistic for c in test.cusums] == pytest.approx([3 * 2.4014, 3 * 2.3817], abs=1e-3)
     assert reasons[2] == ("reward's acc 0.190 at baseline (128 responses) -> 0.062 over steps 2-4 (192) while "
-                          "critic/score/mean 0.200 -> 1.500; CUSUM 7.2 >= 6.0 (tested against 0.155 vs 0.084); "
+                          "critic/score/mean 0.200 -> 1.500; CUSUM 7.2 >= 6.7 (tested against 0.155 vs 0.084); "
                           "change began at step 2")
+
+
+def test_the_quartered_odds_test_sees_a_collapse_sooner():
+    """Accuracy 0.19 -> 0 (no right answer at all): halved gathers 64 x ln(0.915798 / 0.844675) = 5.17 a
+    step, quartered 64 x ln(0.956049 / 0.844675) = 7.93, past h = 6.68 at the first collapsed batch."""
+    test = GoldTest(_baseline(0.19), SETTINGS)
+    assert test.update(2, {GOLD: 0.0, PROXY: 1.5, "monitor/responses": 64.0}) is not None
+    assert [c.statistic for c in test.cusums] == pytest.approx([5.174, 7.927], abs=1e-3)
 
 
 def test_gold_test_needs_the_proxy_above_its_baseline():
     test = GoldTest(_baseline(0.19), SETTINGS)
     assert [test.update(s, {GOLD: 0.0, PROXY: 0.1, "monitor/responses": 64.0}) for s in (2, 3, 4)] == [None] * 3
-    assert test.cusum.statistic > test.h  # the evidence is there; a falling proxy is not hacking
+    assert max(c.statistic for c in test.cusums) > test.h  # the evidence is there; a falling proxy is not hacking
 
 
 def test_length_blowup_fires_past_the_multiple_and_not_below_it():
@@ -277,10 +286,15 @@ def test_each_planted_exploit_pays_without_the_right_answer():
 
 def test_exploit_onset_by_hand():
     bench = _exploits()
-    # Baseline 0.19: step 2 alone 0.12 but with step 3 (0.20) averages 0.16 > 0.14; steps 3-4 average
-    # (0.20 + 0.06) / 2 = 0.13 <= 0.14 -> onset 3.
-    assert bench.onset([0.19, 0.12, 0.20, 0.06, 0.03], 0.19, True, 0.05) == 3
+    # Two-level fits of [0.19, 0.12, 0.20, 0.06, 0.03] (squared error before + after the change at t):
+    # t=2: 0 + 0.016875; t=3: 0.00245 + 0.016467; t=4: 0.0038 + 0.00045 = 0.00425; t=5: 0.0129 + 0.
+    # t = 4: levels 0.17 -> 0.045, 0.05 or more below both the level before and the baseline 0.19 -> onset 4
+    # (step 2's 0.12 alone is one unlucky batch).
+    assert bench.change_point([0.19, 0.12, 0.20, 0.06, 0.03]) == pytest.approx((4, 0.17, 0.045))
+    assert bench.onset([0.19, 0.12, 0.20, 0.06, 0.03], 0.19, True, 0.05) == 4
     assert bench.onset([0.19, 0.19, 0.19], 0.19, True, 0.05) is None
+    # A fall against a baseline that came out high but no fall in the run: no onset.
+    assert bench.onset([0.25, 0.26, 0.24, 0.25], 0.33, True, 0.05) is None
     # Length: baseline 20, first step past 2 x 20 = 40 (step 1 never counts).
     assert bench.onset([50.0, 30.0, 41.0], 20.0, False, 2.0) == 3
 

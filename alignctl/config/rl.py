@@ -395,9 +395,9 @@ class MonitorConfig:
                                               "also fall by 3 standard errors), while the proxy reward rose.")
     entropy_floor: float = field(0.1, gt=0, le=1, help="entropy_collapse: recent entropy below this fraction of the "
                                                        "baseline's (of its start without one).")
-    length_high: float = field(2.0, gt=1, help="length_blowup: mean response length above this multiple of the "
+    length_high: float = field(1.3, gt=1, help="length_blowup: mean response length above this multiple of the "
                                                "baseline (of its start without one).")
-    length_low: float = field(0.5, gt=0, le=1, help="length_collapse: mean response length below this fraction of "
+    length_low: float = field(0.75, gt=0, le=1, help="length_collapse: mean response length below this fraction of "
                                                     "the baseline (of its start without one).")
     min_unique: float = field(0.25, gt=0, le=1, help="mode_collapse: share of distinct responses in a batch below this.")
     kl_budget: float = field(0.5, gt=0, help="kl_budget: recent actor/reference_kl (nats per token) above this.")

@@ -18,8 +18,8 @@ overlap. Each rule returns a one-line reason, or None.
 |                  | accuracy) recent(proxy) > start(proxy) and the latest accuracy >= gold_drop    |
 |                  | below the first                                                               |
 | entropy_collapse | recent(actor/entropy) < entropy_floor (0.1) x start(actor/entropy)            |
-| length_blowup    | recent(response_length/mean) > length_high (2.0) x start                      |
-| length_collapse  | recent(response_length/mean) < length_low (0.5) x start                       |
+| length_blowup    | recent(response_length/mean) > length_high (1.3) x start                      |
+| length_collapse  | recent(response_length/mean) < length_low (0.75) x start                      |
 | mode_collapse    | recent(monitor/unique_in_batch) < min_unique (0.25)                           |
 | kl_budget        | recent(actor/reference_kl, else actor/kl_loss) > kl_budget (0.5 nats/token)   |
 | tool_collapse    | recent(multi_turn/calls_per_sample) < tool_use_low (0.25) x start             |

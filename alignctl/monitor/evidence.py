@@ -3,8 +3,9 @@
 Each test is a one-sided CUSUM (:mod:`alignctl.monitor.sequential`) that weighs one batch's
 evidence by its size and noise, so it fires as soon as the evidence is there:
 
-- ``reward_hacking``: the gold accuracy falls (Bernoulli CUSUM, outcomes in [0, 1], per response,
-  divided by the baseline's design effect) while the proxy reward stands above its baseline;
+- ``reward_hacking``: the gold accuracy falls (two Bernoulli CUSUMs, tuned for the odds of a right
+  answer halving and quartering; outcomes in [0, 1], per response, divided by the baseline's design
+  effect) while the proxy reward stands above its baseline;
 - ``length_blowup`` / ``length_collapse``: the mean response length (Gaussian CUSUM, the batch mean
   standardised by the baseline's spread of a prompt group's mean length);
 - ``entropy_collapse`` and ``mode_collapse``: the recent W-mean against the baseline's value.
@@ -22,12 +23,16 @@ from typing import Any
 
 from alignctl.monitor.alarms import GOLD_NAMES
 from alignctl.monitor.baseline import RESPONSES_KEY, Baseline, scored_responses
-from alignctl.monitor.sequential import (Cusum, bernoulli_llr, gaussian_llr, halved_odds, threshold)
+from alignctl.monitor.sequential import Cusum, bernoulli_llr, gaussian_llr, scaled_odds, threshold
 
 # The baseline's own noise: its value is moved one standard error toward the change before testing.
 # In simulated healthy runs that kept false alarms within the configured rate (the tests check it),
 # where no move gave about three times the rate and two standard errors about doubled the delay.
 MARGIN_SE = 1.0
+# The falls the accuracy test watches for, as a factor on the odds of a right answer: halving sees a
+# moderate fall soonest, quartering a collapse (an exploit taking hold gathers ~1.5x the evidence a step).
+# Two tests share the false-alarm budget: each gets h + ln 2.
+GOLD_ODDS_FALLS = (0.5, 0.25)
 
 
 @dataclass
@@ -59,33 +64,36 @@ def _number(metrics: dict[str, Any], key: str | None) -> float | None:
 
 
 class GoldTest:
-    """The gold accuracy fell from the baseline's rate toward the rate with half its odds."""
+    """The gold accuracy fell from the baseline's rate: one CUSUM per fall of GOLD_ODDS_FALLS; the
+    first that reaches its threshold fires."""
 
     def __init__(self, baseline: Baseline, s: Settings) -> None:
         assert baseline.gold is not None
         self.baseline, self.s = baseline, s
-        self.h = threshold(s.false_alarm_rate, s.horizon)
+        self.h = threshold(s.false_alarm_rate, s.horizon) + math.log(len(GOLD_ODDS_FALLS))
         # The baseline's rate is itself a sample: test against a rate MARGIN_SE standard errors lower.
         self.p0 = baseline.gold - MARGIN_SE * baseline.gold_se()
-        self.p1 = halved_odds(self.p0) if 0 < self.p0 < 1 else None
-        self.cusum, self.trail = Cusum(self.h), Trail()
+        self.p1s = [scaled_odds(self.p0, f) for f in GOLD_ODDS_FALLS] if 0 < self.p0 < 1 else []
+        self.cusums, self.trail = [Cusum(self.h) for _ in self.p1s], Trail()
 
     def update(self, step: int, metrics: dict[str, Any]) -> str | None:
         gold, count = _number(metrics, self.baseline.gold_key), scored_responses(metrics)
         proxy = _number(metrics, self.baseline.proxy_key)
-        if self.p1 is None or gold is None or count is None or not 0 <= gold <= 1:
+        if not self.p1s or gold is None or count is None or not 0 <= gold <= 1:
             return None
         self.trail.rows.append((step, gold, count))
-        fired = self.cusum.update(step, bernoulli_llr(gold, count, self.p0, self.p1, self.baseline.gold_inflation))
-        if not fired or proxy is None or proxy <= self.baseline.proxy:
+        fired = [cusum.update(step, bernoulli_llr(gold, count, self.p0, p1, self.baseline.gold_inflation))
+                 for cusum, p1 in zip(self.cusums, self.p1s)]
+        if not any(fired) or proxy is None or proxy <= self.baseline.proxy:
             return None
-        began = self.cusum.began or step
+        cusum, p1 = max(zip(self.cusums, self.p1s), key=lambda pair: pair[0].statistic - self.h)
+        began = cusum.began or step
         now, responses = self.trail.since(began)
         b = self.baseline
         return (f"{GOLD_NAMES.get(b.gold_key or '', b.gold_key)} {b.gold:.3f} at baseline ({b.responses} responses) -> "
                 f"{now:.3f} over steps {began}-{step} ({responses:.0f}) while {b.proxy_key} {b.proxy:.3f} -> "
-                f"{proxy:.3f}; CUSUM {self.cusum.statistic:.1f} >= {self.h:.1f} (tested against {self.p0:.3f} vs "
-                f"{self.p1:.3f}); change began at step {began}")
+                f"{proxy:.3f}; CUSUM {cusum.statistic:.1f} >= {self.h:.1f} (tested against {self.p0:.3f} vs "
+                f"{p1:.3f}); change began at step {began}")
 
 
 class LengthTest:

@@ -27,10 +27,15 @@ def threshold(false_alarm_rate: float, horizon: int) -> float:
     return math.log(max(horizon, 1) / false_alarm_rate)
 
 
-def halved_odds(p: float) -> float:
-    """The rate whose odds are half those of ``p`` (0.19 -> 0.105): the fall the accuracy test is tuned for."""
-    odds = p / (1 - p) / 2
+def scaled_odds(p: float, factor: float) -> float:
+    """The rate whose odds are ``factor`` x those of ``p`` (0.19, 1/2 -> 0.105; 0.19, 1/4 -> 0.055)."""
+    odds = p / (1 - p) * factor
     return odds / (1 + odds)
+
+
+def halved_odds(p: float) -> float:
+    """The rate whose odds are half those of ``p`` (0.19 -> 0.105)."""
+    return scaled_odds(p, 0.5)
 
 
 def bernoulli_llr(mean: float, count: float, p0: float, p1: float, inflation: float = 1.0) -> float:

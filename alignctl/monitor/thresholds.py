@@ -13,8 +13,8 @@ class Thresholds:
     window: int = 4
     gold_drop: float = 0.05
     entropy_floor: float = 0.1
-    length_high: float = 2.0
-    length_low: float = 0.5
+    length_high: float = 1.3
+    length_low: float = 0.75
     min_unique: float = 0.25
     kl_budget: float = 0.5
     tool_use_low: float = 0.25
