@@ -89,9 +89,54 @@ def test_without_a_bound_staleness_is_reported_but_never_judged():
     assert monitor.summary()["staleness"]["max"] == 9.0 and monitor.summary()["staleness"]["bound"] is None
 
 
-def test_mismatch_gap_in_an_async_run_says_it_includes_staleness():
-    (alarm,) = Monitor(Thresholds()).observe(1, {K3: 0.5, ST_MAX: 2})
-    assert "includes up to 2 policy versions of staleness" in alarm.reason
+FRESH_K3, FRESH_ABS, SHARE = "rollout_corr/fresh/k3_kl", "rollout/fresh/log_prob_diff_mean", "rollout/fresh/share"
+
+
+def test_an_async_step_is_judged_on_its_fresh_responses():
+    """The async seed-0 run's step 16: the whole batch's k3 0.0111 (over 0.01) came from its stale
+    responses (the policy's own change); the fresh ones' gap is float32 rounding -> no alarm. A fresh
+    gap over the bound fires with the note; a step with no fresh response is not judged."""
+    stale_only_gap = {K3: 0.0111, ABS: 0.013, FRESH_K3: 1e-9, FRESH_ABS: 1e-6, SHARE: 0.625, ST_MAX: 1}
+    assert Monitor(Thresholds()).observe(1, stale_only_gap) == []
+    monitor = Monitor(Thresholds())
+    fired = monitor.observe(1, {K3: 0.2, ABS: 0.2, FRESH_K3: 0.05, "rollout_corr/fresh/kl": 0.04,
+                                FRESH_ABS: 0.1, SHARE: 0.25, ST_MAX: 1})
+    assert [a.name for a in fired] == ["mismatch_kl", "token_prob_ratio"]
+    assert fired[0].reason.startswith("rollout_corr/fresh/k3_kl 0.05 > bound 0.01 nats/token, k1 0.04 (the "
+                                      "step's fresh responses, 25% of it; stale ones also hold the policy's own change)")
+    assert Monitor(Thresholds()).observe(1, {K3: 0.5, ABS: 0.5, SHARE: 0.0, ST_MAX: 1}) == []
+    # A step of the asynchronous loop whose responses are all fresh is judged on the whole batch.
+    assert [a.name for a in Monitor(Thresholds()).observe(1, {K3: 0.5, SHARE: 1.0, ST_MAX: 0})] == ["mismatch_kl"]
+
+
+def test_the_summary_of_an_async_run_keeps_the_engines_own_gap():
+    # Step 1 all fresh (0.002), step 2 mixed (fresh 0.003, whole 0.02), step 3 only stale (0.05): 0.003.
+    monitor = Monitor(Thresholds())
+    monitor.observe(1, {K3: 0.002, SHARE: 1.0})
+    monitor.observe(2, {K3: 0.02, FRESH_K3: 0.003, SHARE: 0.5})
+    monitor.observe(3, {K3: 0.05, SHARE: 0.0})
+    assert monitor.summary()["rollout_mismatch"] == {"k3_kl_max": 0.003}
+
+
+def test_the_fresh_mismatch_is_measured_on_the_fresh_rows_only():
+    """rollout_mismatch_metrics on a batch of 2 fresh rows (version 3, the trainer's) and 2 stale ones
+    (version 2): the stale rows' gap is 0.5 a token, the fresh rows' 0.1; masks keep 2 tokens a row.
+    By hand: all rows |d| mean (0.1 x 4 + 0.5 x 4) / 8 = 0.3; fresh 0.1; share 0.5."""
+    from alignctl.batch import Batch
+    from alignctl.trainers.metrics import rollout_mismatch_metrics
+
+    old = torch.zeros(4, 3)
+    engine = torch.tensor([[-0.1, -0.1, 9.0], [-0.1, -0.1, 9.0], [-0.5, -0.5, 9.0], [-0.5, -0.5, 9.0]])
+    mask = torch.tensor([[1, 1, 0]] * 4)
+    batch = Batch({"old_log_probs": old, "rollout_log_probs": engine, "response_mask": mask,
+                   "policy_version": torch.tensor([3, 3, 2, 2])}, meta={"old_log_probs_from": "recomputed"})
+    metrics = rollout_mismatch_metrics(batch, 3)
+    assert metrics["rollout/log_prob_diff_mean"] == pytest.approx(0.3)
+    assert metrics["rollout/fresh/log_prob_diff_mean"] == pytest.approx(0.1)
+    assert metrics["rollout/fresh/share"] == 0.5 and "rollout_corr/fresh/k3_kl" in metrics
+    assert metrics["rollout_corr/fresh/k3_kl"] < metrics["rollout_corr/k3_kl"]
+    synchronous = rollout_mismatch_metrics(batch)  # no trainer version given: no split
+    assert not any("fresh" in k for k in synchronous)
 
 
 def test_the_summary_keeps_the_largest_mismatch():

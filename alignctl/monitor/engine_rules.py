@@ -14,6 +14,9 @@ steady number, and a broken engine should be named at the step it breaks):
 
 The mismatch metrics are logged only when the old log-probs are recomputed (not on the on-policy
 shortcut, and not with ``actor.recompute_old_log_prob=false``); without them these rules are silent.
+In the asynchronous loop a stale response's gap also holds the policy's own change since it was
+sampled, so both rules judge the step's fresh responses (``rollout/fresh/*``, sampled by the weights
+being trained) and pass over a step that has none.
 ``exp(mean |log p_trainer - log p_engine|)`` is the geometric mean over response tokens of the
 token's probability ratio taken the larger way round, max(p/q, q/p): 1 for engines that agree. It is
 never above the arithmetic mean NeMo-RL calls ``token_mult_prob_error`` (Jensen), so it fires only
@@ -31,6 +34,25 @@ if TYPE_CHECKING:
 K3_KEY, K1_KEY = "rollout_corr/k3_kl", "rollout_corr/kl"
 ABS_DIFF_KEY, MAX_DIFF_KEY = "rollout/log_prob_diff_mean", "rollout/log_prob_diff_max"
 STALENESS_MEAN_KEY, STALENESS_MAX_KEY = "rollout/staleness/mean", "rollout/staleness/max"
+FRESH_SHARE_KEY = "rollout/fresh/share"
+
+
+def _fresh(key: str) -> str:
+    """The key of the same measure over the fresh responses only (metrics.rollout_mismatch_metrics)."""
+    group, name = key.split("/", 1)
+    return f"{group}/fresh/{name}"
+
+
+def engine_gap(latest: dict[str, Any], key: str) -> tuple[str, str] | None:
+    """Which key measures the engine's own gap this step, and a note for the evidence line: ``key``
+    when every response is fresh (or the loop is synchronous), its fresh twin when some are stale,
+    None when none is fresh (nothing to judge)."""
+    share = _latest(latest, FRESH_SHARE_KEY)
+    if share is None or share >= 1.0:
+        return key, ""
+    if share <= 0.0 or _latest(latest, _fresh(key)) is None:
+        return None
+    return _fresh(key), f" (the step's fresh responses, {share:.0%} of it; stale ones also hold the policy's own change)"
 
 
 def _latest(latest: dict[str, Any], key: str) -> float | None:
@@ -48,31 +70,29 @@ def _before(history: dict[str, Series], key: str, transform: Any = float) -> str
     return f"; at most {max(transform(v) for _, v in earlier):.3g} over steps {earlier[0][0]}-{earlier[-1][0]}"
 
 
-def _lag_note(latest: dict[str, Any]) -> str:
-    """Asynchronous runs: the engine's log-probs also come from an older policy."""
-    lag = _latest(latest, STALENESS_MAX_KEY)
-    return f"; includes up to {lag:g} policy versions of staleness" if lag else ""
-
-
 def mismatch_kl(history: dict[str, Series], latest: dict[str, Any], t: Thresholds) -> str | None:
-    k3 = _latest(latest, K3_KEY)
-    if k3 is None or k3 <= t.mismatch_kl:
+    picked = engine_gap(latest, K3_KEY)
+    k3 = None if picked is None else _latest(latest, picked[0])
+    if picked is None or k3 is None or k3 <= t.mismatch_kl:
         return None
-    k1 = _latest(latest, K1_KEY)
+    key, note = picked
+    k1 = _latest(latest, K1_KEY if key == K3_KEY else _fresh(K1_KEY))
     k1_text = "" if k1 is None else f", k1 {k1:.3g}"
-    return (f"{K3_KEY} {k3:.3g} > bound {t.mismatch_kl:g} nats/token{k1_text}{_before(history, K3_KEY)}"
-            f"{_lag_note(latest)}: the rollout engine's probabilities are not the trainer's")
+    return (f"{key} {k3:.3g} > bound {t.mismatch_kl:g} nats/token{k1_text}{_before(history, key)}{note}: the "
+            f"rollout engine's probabilities are not the trainer's")
 
 
 def token_prob_ratio(history: dict[str, Series], latest: dict[str, Any], t: Thresholds) -> str | None:
-    diff = _latest(latest, ABS_DIFF_KEY)
-    if diff is None or math.exp(diff) <= t.prob_ratio:
+    picked = engine_gap(latest, ABS_DIFF_KEY)
+    diff = None if picked is None else _latest(latest, picked[0])
+    if picked is None or diff is None or math.exp(diff) <= t.prob_ratio:
         return None
-    worst = _latest(latest, MAX_DIFF_KEY)
+    key, note = picked
+    worst = _latest(latest, MAX_DIFF_KEY if key == ABS_DIFF_KEY else _fresh(MAX_DIFF_KEY))
     worst_text = "" if worst is None else f", worst token {math.exp(min(worst, 50.0)):.3g}x"
-    return (f"token probability ratio exp({ABS_DIFF_KEY}) {math.exp(diff):.4g} > bound {t.prob_ratio:g}{worst_text}"
-            f"{_before(history, ABS_DIFF_KEY, math.exp)}{_lag_note(latest)}: the rollout engine and the trainer "
-            f"disagree on the sampled tokens")
+    return (f"token probability ratio exp({key}) {math.exp(diff):.4g} > bound {t.prob_ratio:g}{worst_text}"
+            f"{_before(history, key, math.exp)}{note}: the rollout engine and the trainer disagree on the "
+            f"sampled tokens")
 
 
 def staleness_bound(history: dict[str, Series], latest: dict[str, Any], t: Thresholds) -> str | None:
@@ -96,11 +116,21 @@ def staleness_summary(history: dict[str, Series], bound: int | None) -> dict[str
             "steps_over_bound": sum(v > bound for _, v in maxima) if bound is not None else None}
 
 
+def _engine_series(history: dict[str, Series], key: str) -> list[float]:
+    """Per step, the engine's own gap: the fresh responses' where a step logged them, else the whole
+    step's when all of it was fresh (or the loop synchronous); steps with only stale responses drop out."""
+    fresh = dict(history.get(_fresh(key), []))
+    share = dict(history.get(FRESH_SHARE_KEY, []))
+    return [fresh[step] if step in fresh else value for step, value in history.get(key, [])
+            if step in fresh or share.get(step, 1.0) >= 1.0]
+
+
 def mismatch_summary(history: dict[str, Series]) -> dict[str, float] | None:
-    """Over the run: the largest mismatch KL (k3) and token probability ratio; None without them."""
+    """Over the run: the largest mismatch KL (k3) and token probability ratio of the engine's own gap
+    (the fresh responses' in an asynchronous run); None without them."""
     out = {}
-    if history.get(K3_KEY):
-        out["k3_kl_max"] = max(v for _, v in history[K3_KEY])
-    if history.get(ABS_DIFF_KEY):
-        out["token_prob_ratio_max"] = math.exp(max(v for _, v in history[ABS_DIFF_KEY]))
+    if k3 := _engine_series(history, K3_KEY):
+        out["k3_kl_max"] = max(k3)
+    if diffs := _engine_series(history, ABS_DIFF_KEY):
+        out["token_prob_ratio_max"] = math.exp(max(diffs))
     return out or None

@@ -61,21 +61,42 @@ def kl_metrics(batch: Batch) -> dict[str, float]:
     return {"actor/reference_kl": float(masked_mean(diff, batch["response_mask"].float()))}
 
 
-def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
+def rollout_mismatch_metrics(batch: Batch, policy_version: int | None = None) -> dict[str, float]:
     """How far the rollout engine's log-probs of the sampled tokens are from the recomputed old
     log-probs (absolute difference over response tokens): near 0 for hf in float32; what the PPO
     ratio would absorb with ``actor.recompute_old_log_prob=false``; with it, verl's ``rollout_corr/*``
     mismatch measures (KL k1/k3, chi-square, perplexities: algos/rollout_correction.py). Nothing when
-    they were reused."""
+    they were reused.
+
+    Asynchronous loop (``policy_version``: the trainer's, the batch has a ``policy_version`` column):
+    a stale response's gap also holds the policy's own change since it was sampled, so the same
+    measures over the fresh responses alone (sampled by the weights being trained) are logged under
+    ``rollout/fresh/`` and ``rollout_corr/fresh/``: the engine's own gap, when a step has any."""
     if batch.meta.get("old_log_probs_from") != "recomputed" or "rollout_log_probs" not in batch:
         return {}
-    mask = batch["response_mask"].bool()
-    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+    metrics = _mismatch(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], "")
+    if metrics and policy_version is not None and "policy_version" in batch:
+        fresh = batch["policy_version"].long() == policy_version
+        if bool(fresh.any()) and not bool(fresh.all()):
+            metrics |= _mismatch(batch["old_log_probs"][fresh], batch["rollout_log_probs"][fresh],
+                                 batch["response_mask"][fresh], "fresh/")
+            metrics["rollout/fresh/share"] = float(fresh.float().mean())
+        elif bool(fresh.all()):
+            metrics["rollout/fresh/share"] = 1.0
+        else:
+            metrics["rollout/fresh/share"] = 0.0
+    return metrics
+
+
+def _mismatch(old: torch.Tensor, engine: torch.Tensor, response_mask: torch.Tensor, prefix: str) -> dict[str, float]:
+    mask = response_mask.bool()
+    diff = (engine - old).abs()[mask]
     if diff.numel() == 0:
         return {}
-    gap = rollout_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
-    return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max()),
-            **{f"rollout_corr/{name}": float(value) for name, value in gap.items()}}
+    gap = rollout_mismatch(old, engine, response_mask)
+    return {f"rollout/{prefix}log_prob_diff_mean": float(diff.mean()),
+            f"rollout/{prefix}log_prob_diff_max": float(diff.max()),
+            **{f"rollout_corr/{prefix}{name}": float(value) for name, value in gap.items()}}
 
 
 class Timer:

@@ -105,7 +105,7 @@ class RLTrainer:
             metrics |= self.updates(batch, timer)
         self.last_batch = batch  # kept for inspection (tests, debugging hooks)
         metrics |= data_metrics(batch, self.cfg.data.max_response_length) | kl_metrics(batch) | tool_metrics(batch)
-        metrics |= rollout_mismatch_metrics(batch) | correction_metrics | rollout_metrics
+        metrics |= rollout_mismatch_metrics(batch, self.global_step) | correction_metrics | rollout_metrics
         metrics |= batch.meta.get("reward_metrics", {})
         metrics |= timer.metrics() | throughput(batch, timer.seconds["timing_s/step"], self.workers.total_workers)
         metrics |= response_diversity(batch["responses"], batch["response_mask"],
