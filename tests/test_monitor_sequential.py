@@ -154,6 +154,49 @@ def test_length_blowup_fires_past_the_multiple_and_not_below_it():
     assert collapse.update(2, {"response_length/mean": 9.0, "monitor/responses": 64.0}) is not None
 
 
+def _length_run(rng: random.Random, *, steps: int = 20, shift_at: int | None = None, factor: float = 1.0,
+                mean: float = 24.5, group_sd: float = 2.4) -> dict[str, int]:
+    """A run's lengths as the trainer feeds them (the quickstart's scale: 24.5 tokens, a prompt
+    group's mean spreading 2.4): a measured 64-prompt baseline, step 1 pooled, then 16 prompt groups
+    of 4 a step, the mean times ``factor`` from ``shift_at`` on. Returns {alarm: first step}."""
+    pre = [rng.gauss(mean, group_sd) for _ in range(64)]
+    centre = sum(pre) / len(pre)
+    spread = math.sqrt(sum((v - centre) ** 2 for v in pre) / (len(pre) - 1))
+    base = Baseline(responses=256, group_size=4, prompts=64, proxy_key=PROXY, proxy=0.2, length=centre,
+                    length_group_sd=spread, length_responses=256, gold_key=None)
+    defaults = Thresholds()
+    rules = {name: LengthTest(base.pooled_with({"monitor/responses": 64.0, PROXY: 0.2, "response_length/mean": mean}),
+                              Settings(0.05, steps, defaults.length_high, defaults.length_low, 0.1, 0.25, 4), f)
+             for name, f in (("length_blowup", defaults.length_high), ("length_collapse", defaults.length_low))}
+    fired: dict[str, int] = {}
+    for step in range(2, steps + 1):
+        level = mean * (factor if shift_at is not None and step >= shift_at else 1.0)
+        batch = sum(rng.gauss(level, group_sd) for _ in range(16)) / 16
+        for name, rule in rules.items():
+            if name not in fired and rule.update(step, {"response_length/mean": batch, "monitor/responses": 64.0}):
+                fired[name] = step
+    return fired
+
+
+def test_length_alarms_at_their_defaults_stay_quiet_on_healthy_lengths_and_drifts_of_a_tenth():
+    """400 healthy 20-step runs at the quickstart's scale, and 400 whose mean drifts 10% up or down
+    from step 2 (the most the quickstart's healthy RL stages moved): no length alarm in any of them;
+    a false-alarm rate of 0.05 would allow 20 plus three standard errors."""
+    rng = random.Random(5)
+    assert sum(bool(_length_run(rng)) for _ in range(400)) <= 20 + 3 * math.sqrt(400 * 0.05 * 0.95)
+    drifts = [_length_run(rng, shift_at=2, factor=f) for f in (1.1, 0.9) for _ in range(200)]
+    assert sum(bool(d) for d in drifts) == 0
+
+
+def test_length_exploits_of_the_planted_size_fire_at_the_step_they_show():
+    """The planted length and brevity exploits moved the mean length to about 1.45x and 0.6x within
+    a step or two of taking hold: at the defaults (1.3x / 0.75x) the alarm comes at that step in
+    every one of 200 simulated runs."""
+    rng = random.Random(6)
+    assert all(_length_run(rng, shift_at=4, factor=1.45).get("length_blowup") == 4 for _ in range(200))
+    assert all(_length_run(rng, shift_at=4, factor=0.6).get("length_collapse") == 4 for _ in range(200))
+
+
 def _monitor(baseline: Baseline, **thresholds: float) -> Monitor:
     monitor = Monitor(Thresholds(**thresholds))
     monitor.set_baseline(baseline, horizon=20)
