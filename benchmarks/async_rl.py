@@ -18,9 +18,9 @@ pools do not share cores (this machine's 2 cores are shared with everything else
 
     python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--settings uniform long_tail] [--json OUT]
 
-``--workdirs DIR ...`` runs nothing: it reads finished quickstart pipeline workdirs (one per seed) in
-which the GRPO stage ran both synchronously and with ``trainer.async_rollout.max_staleness`` (two grpo
-artifacts, each with its eval_grpo), and prints per seed and arm the held-out accuracy, the GRPO
+``--workdirs DIR ...`` runs nothing: it reads finished quickstart pipeline workdirs in which the GRPO
+stage ran synchronously or with ``trainer.async_rollout.max_staleness`` (each grpo artifact with its
+eval_grpo), or the output folders of ``alignctl eval --policy <grpo artifact>/actor``, and prints per seed and arm the held-out accuracy, the GRPO
 stage's wall time and the mean generated against trained response length, then mean and worst per arm.
 """
 
@@ -112,12 +112,22 @@ def print_setting(name: str, results: dict[int, dict[str, float]]) -> None:
           f"synchronous step -> at most {est['max_speedup']:.2f}x with both pools on hardware of their own")
 
 
+def evaluations(folder: Path) -> list[tuple[dict[str, Any], Path]]:
+    """(eval manifest, the GRPO artifact it evaluated) for every eval_grpo stage of a pipeline workdir,
+    or for ``folder`` itself when it is the output of ``alignctl eval --policy <grpo>/actor``."""
+    own = folder / "manifest.json"
+    if own.exists() and json.loads(own.read_text()).get("stage") == "eval":
+        evaluation = json.loads(own.read_text())
+        return [(evaluation, Path(evaluation["inputs"]["policy"]).parent)]
+    return [(evaluation, Path(evaluation["inputs"]["grpo"]))
+            for evaluation in (json.loads(p.read_text()) for p in sorted(folder.glob("eval_grpo-*/manifest.json")))]
+
+
 def grpo_arms(workdir: Path) -> list[dict[str, Any]]:
-    """Every eval_grpo of ``workdir`` with the GRPO run it evaluated: staleness bound, accuracy, wall time, lengths."""
+    """Every evaluation of a GRPO run in ``workdir`` (see :func:`evaluations`) with that run's
+    staleness bound, accuracy, wall time and lengths."""
     arms = []
-    for path in sorted(workdir.glob("eval_grpo-*/manifest.json")):
-        evaluation = json.loads(path.read_text())
-        grpo = Path(evaluation["inputs"]["grpo"])
+    for evaluation, grpo in evaluations(workdir):
         manifest = json.loads((grpo / "manifest.json").read_text())
         trainer = manifest["config"].get("trainer", {})
         rows = [json.loads(line) for line in (grpo / "metrics.jsonl").read_text().splitlines()]

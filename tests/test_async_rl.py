@@ -231,3 +231,40 @@ def test_async_without_a_rollout_pool_is_refused_before_ray(assets, tmp_path):
     with pytest.raises(UserError, match="recompute_old_log_prob=true"):
         rl_config(assets, tmp_path / "run", *staleness(2), "actor_rollout_ref.actor.recompute_old_log_prob=false")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_benchmark_reads_pipeline_evals_and_standalone_eval_folders(tmp_path: Path):
+    """benchmarks/async_rl.py --workdirs: an eval_grpo stage of a pipeline workdir and an `alignctl
+    eval --policy <grpo>/actor` output folder each name the GRPO run they evaluated; the arm carries
+    its staleness bound, accuracies, wall time and mean lengths (by hand: (24 + 26) / 2 = 25)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("async_rl_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "async_rl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def grpo(name: str, k: int | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        trainer = {} if k is None else {"async_rollout": {"max_staleness": k}}
+        (folder / "manifest.json").write_text(json.dumps({"config": {"trainer": trainer}, "wall_time_s": 600.4}))
+        rows = [{"step": s, "rollout/trained_length/mean": v, "rollout/generated_length/mean": v} for s, v in ((1, 24.0), (2, 26.0))]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return folder
+
+    metrics = {"accuracy/arith/pass@1": 0.7, "reference_accuracy/arith/pass@1": 0.48}
+    workdir = tmp_path / "workdir"
+    sync = grpo("workdir/grpo-aaa", None)
+    (workdir / "eval_grpo-bbb").mkdir()
+    (workdir / "eval_grpo-bbb" / "manifest.json").write_text(json.dumps(
+        {"stage": "eval_grpo", "inputs": {"grpo": str(sync)}, "metrics": metrics}))
+    async_run = grpo("async/grpo-ccc", 1)
+    (tmp_path / "async_eval").mkdir()
+    (tmp_path / "async_eval" / "manifest.json").write_text(json.dumps(
+        {"stage": "eval", "inputs": {"policy": str(async_run / "actor")}, "metrics": metrics}))
+    (k0,) = bench.grpo_arms(workdir)
+    (k1,) = bench.grpo_arms(tmp_path / "async_eval")
+    assert (k0["grpo"], k0["max_staleness"], k1["grpo"], k1["max_staleness"]) == ("grpo-aaa", 0, "grpo-ccc", 1)
+    assert k1["accuracy"] == 0.7 and k1["sft_accuracy"] == 0.48 and k1["grpo_wall_s"] == 600
+    assert k1["generated_length"] == k1["trained_length"] == 25.0
