@@ -240,11 +240,11 @@ def _groups_mean(rng: random.Random, p: float, groups: int, n: int, icc: float) 
 
 
 def _simulate(rng: random.Random, p: float, *, icc: float, steps: int, rate: float, change: int | None = None,
-              after: float = 0.0, groups: int = 16, n: int = 4) -> int | None:
-    """A run as the trainer feeds it: a measured 16-prompt baseline, step 1 pooled, then steps 2..T.
-    Returns the alarm step (None: no alarm)."""
-    _, pre = _groups_mean(rng, p, 16, n, icc)
-    gids = [g for g in range(16) for _ in range(n)]
+              after: float = 0.0, groups: int = 16, n: int = 4, baseline_groups: int = 16) -> int | None:
+    """A run as the trainer feeds it: a measured baseline of ``baseline_groups`` prompts, step 1
+    pooled, then steps 2..T. Returns the alarm step (None: no alarm)."""
+    _, pre = _groups_mean(rng, p, baseline_groups, n, icc)
+    gids = [g for g in range(baseline_groups) for _ in range(n)]
     base = summarize(gids, [20.0] * len(gids), [0.0] * len(gids), proxy_key=PROXY, gold_key=GOLD,
                      gold_by_group=dict(enumerate(pre)))
     step1, _ = _groups_mean(rng, p, groups, n, icc)
@@ -269,11 +269,21 @@ def test_false_alarm_rate_of_healthy_streams_is_within_the_configured_rate(p: fl
 
 @pytest.mark.xfail(strict=True, reason="known limit: near-perfect accuracy with correlated prompts makes the batch "
                                       "mean's left tail heavier than the design effect's binomial model; a 16-prompt "
-                                      "baseline then gives about 3x the configured rate over 100 steps")
-def test_false_alarm_rate_at_high_accuracy_with_correlated_prompts_over_a_long_run():
+                                      "baseline then gives about twice the configured rate over 100 steps")
+def test_false_alarm_rate_at_high_accuracy_with_correlated_prompts_and_a_16_prompt_baseline():
     rng = random.Random(11)
     runs = 200
     alarms = sum(_simulate(rng, 0.9, icc=0.3, steps=100, rate=0.05) is not None for _ in range(runs))
+    assert alarms / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), alarms
+
+
+def test_the_default_64_prompt_baseline_holds_the_rate_in_that_hard_case():
+    """The same 200 runs of 100 steps at accuracy 0.9 with correlated prompts, with the default
+    baseline of 64 prompts: the rate stays within the configured 5% plus three standard errors."""
+    rng = random.Random(11)
+    runs = 200
+    alarms = sum(_simulate(rng, 0.9, icc=0.3, steps=100, rate=0.05, baseline_groups=64) is not None
+                 for _ in range(runs))
     assert alarms / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), alarms
 
 
