@@ -86,7 +86,7 @@ class GoldTest:
                  for cusum, p1 in zip(self.cusums, self.p1s)]
         if not any(fired) or proxy is None or proxy <= self.baseline.proxy:
             return None
-        cusum, p1 = max(zip(self.cusums, self.p1s), key=lambda pair: pair[0].statistic - self.h)
+        cusum, p1 = max(zip(self.cusums, self.p1s), key=lambda pair: pair[0].statistic)  # the test that fired (or the further past h)
         began = cusum.began or step
         now, responses = self.trail.since(began)
         b = self.baseline

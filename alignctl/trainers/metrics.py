@@ -77,14 +77,11 @@ def rollout_mismatch_metrics(batch: Batch, policy_version: int | None = None) ->
     metrics = _mismatch(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], "")
     if metrics and policy_version is not None and "policy_version" in batch:
         fresh = batch["policy_version"].long() == policy_version
-        if bool(fresh.any()) and not bool(fresh.all()):
+        share = float(fresh.float().mean())
+        if 0.0 < share < 1.0:  # all fresh: the whole batch's measures are the engine's own
             metrics |= _mismatch(batch["old_log_probs"][fresh], batch["rollout_log_probs"][fresh],
                                  batch["response_mask"][fresh], "fresh/")
-            metrics["rollout/fresh/share"] = float(fresh.float().mean())
-        elif bool(fresh.all()):
-            metrics["rollout/fresh/share"] = 1.0
-        else:
-            metrics["rollout/fresh/share"] = 0.0
+        metrics["rollout/fresh/share"] = share
     return metrics
 
 
