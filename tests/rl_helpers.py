@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from alignctl.batch import Batch
@@ -121,3 +122,15 @@ def launch_kill_driver(kill: str, overrides: list[str], timeout: float = 400) ->
             pass
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """A local Ray session for a test module's RL runs (import it into the module to use it)."""
+    import ray
+
+    from alignctl.workers.ray_session import init_ray
+
+    init_ray(None, num_cpus=4)
+    yield
+    ray.shutdown()

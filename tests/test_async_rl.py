@@ -20,8 +20,7 @@ from alignctl.config.rl import RLConfig
 from alignctl.errors import UserError
 from alignctl.trainers.rl_trainer import RLTrainer
 from alignctl.trainers.rollout_queue import RolloutQueue, check_staleness
-from alignctl.workers.ray_session import init_ray
-from rl_helpers import all_finite, launch_kill_driver, make_assets, read_metrics, rl_config
+from rl_helpers import all_finite, launch_kill_driver, make_assets, read_metrics, rl_config, ray_session  # noqa: F401 - module fixture
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +35,6 @@ def staleness(k: int) -> list[str]:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("async_rl"), num_train=32, num_test=8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-
-    init_ray(None, num_cpus=4)
-    yield
-    ray.shutdown()
 
 
 class Recording(RLTrainer):

@@ -13,8 +13,7 @@ from alignctl.batch import Batch
 from alignctl.config.core import to_dict
 from alignctl.trainers.rl_trainer import RLTrainer
 from alignctl.workers.group import ResourcePool, RoleSpec, WorkerGroup
-from alignctl.workers.ray_session import init_ray
-from rl_helpers import all_finite, make_assets, read_metrics, rl_config
+from rl_helpers import all_finite, make_assets, read_metrics, rl_config, ray_session  # noqa: F401 - module fixture
 
 pytestmark = pytest.mark.slow
 
@@ -22,15 +21,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("rl"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-
-    init_ray(None, num_cpus=4)
-    yield
-    ray.shutdown()
 
 
 def test_workers_are_not_niced():

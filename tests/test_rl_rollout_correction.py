@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alignctl.trainers.rl_trainer import RLTrainer
-from alignctl.workers.ray_session import init_ray
-from rl_helpers import all_finite, make_assets, read_metrics, rl_config
+from rl_helpers import all_finite, make_assets, read_metrics, rl_config, ray_session  # noqa: F401 - module fixture
 
 pytestmark = pytest.mark.slow
 
@@ -14,15 +13,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("rc"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-
-    init_ray(None, num_cpus=4)
-    yield
-    ray.shutdown()
 
 
 def test_token_tis_on_a_float32_engine_changes_the_first_update_only_by_rounding(assets, tmp_path):

@@ -160,14 +160,16 @@ def test_sigkill_then_resume_equals_uninterrupted(assets, tmp_path) -> None:
 POOL = ["trainer.pools.rollout_pool.workers_per_node=1", "trainer.placement.rollout=rollout_pool"]
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gae"])
-def test_a_rollout_pool_of_its_own_gets_the_weights_every_step(assets, tmp_path, estimator) -> None:
+@pytest.mark.parametrize(("estimator", "transport"), [("grpo", "object_store"), ("gae", "object_store"),
+                                                      ("grpo", "collective")])
+def test_a_rollout_pool_of_its_own_gets_the_weights_every_step(assets, tmp_path, estimator, transport) -> None:
     """vLLM in a rollout worker on its own pool, the actor training on the default pool: after every
-    update the actor's weights reach the pool (checked by the probe) and each batch records the policy
-    version it was generated with: the update before its step."""
+    update the actor's weights reach the pool (through Ray's object store, or over the weight
+    channel's gloo group; checked by the probe) and each batch records the policy version it was
+    generated with: the update before its step."""
     run = tmp_path / estimator
     _fit(rl_config(assets, run, *VLLM, *POOL, f"algorithm.adv_estimator={estimator}",
-                   "trainer.total_training_steps=3"))
+                   "trainer.total_training_steps=3", f"actor_rollout_ref.rollout.weight_transport={transport}"))
     rows = read_metrics(run)
     _assert_synced_every_step(rows, 3)
     assert [r["rollout/policy_version"] for r in rows] == [0.0, 1.0, 2.0]

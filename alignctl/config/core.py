@@ -47,12 +47,14 @@ META_KEYS = ("stage",)
 
 def field(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] | None = None,
           default_factory: Any = dataclasses.MISSING, ge: float | None = None, gt: float | None = None,
-          le: float | None = None) -> Any:
+          le: float | None = None, same_result: bool = False) -> Any:
     """A dataclass field with help text (shown by ``config show --help-keys`` and the docs).
 
     ``ge`` / ``gt`` / ``le`` bound a number (each item of a list of numbers); null passes. Bounds
-    are checked when the config is built, so a bad value fails before anything runs."""
-    metadata = {"help": help, "choices": choices, "bounds": (ge, gt, le)}
+    are checked when the config is built, so a bad value fails before anything runs.
+    ``same_result``: the setting changes how a stage runs, never what it produces (a test shows
+    it), so it stays out of the pipeline cache key (:func:`result_dict`)."""
+    metadata = {"help": help, "choices": choices, "bounds": (ge, gt, le), "same_result": same_result}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -464,6 +466,21 @@ def merge_dicts(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 def to_dict(obj: Any) -> dict[str, Any]:
     """A schema instance as plain nested dicts (what is written into artifacts)."""
     return dataclasses.asdict(obj)
+
+
+def result_dict(obj: Any) -> dict[str, Any]:
+    """``to_dict`` without the ``same_result`` fields: what decides a stage's artifact."""
+    out = to_dict(obj)
+
+    def prune(value: Any, data: dict[str, Any]) -> None:
+        for item in dataclasses.fields(value):
+            if item.metadata.get("same_result"):
+                data.pop(item.name, None)
+            elif dataclasses.is_dataclass(getattr(value, item.name)):
+                prune(getattr(value, item.name), data[item.name])
+
+    prune(obj, out)
+    return out
 
 
 def seed_settings(obj: Any) -> list[str]:

@@ -231,6 +231,13 @@ class RolloutConfig:
     sync_check_tol: float | None = field(None, gt=0, help="Largest allowed absolute log-prob difference of the sync "
                                                           "check (default: 1e-3 for a float32 engine, 0.5 for "
                                                           "bf16/fp16).")
+    weight_transport: str = field("collective", help="How a rollout pool of its own (trainer.placement.rollout) "
+                                  "gets the actor's weights after each update. collective: broadcast from the "
+                                  "actor's rank 0 over a process group of their own (gloo on CPU, NCCL on GPU, "
+                                  "no copy through host memory); the actor waits for rollout workers still "
+                                  "generating to join. object_store: rank 0's export through Ray's object store. "
+                                  "Both give the same weights.", choices=("collective", "object_store"),
+                                  same_result=True)
     free_cache_engine: bool = field(True, help="Free the rollout's memory after every generation: hf drops its KV "
                                                "cache and, on CUDA, returns the cached blocks to the driver "
                                                "(torch.cuda.empty_cache); vllm sleeps (weights to CPU, KV cache "

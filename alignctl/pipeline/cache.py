@@ -1,7 +1,8 @@
 """Content-addressed stage artifacts: keys, folders, states, and the workdir lock.
 
 key = sha256(stage kind + kind format version + the canonical *resolved* stage config, where each
-reference to an upstream stage is replaced by that stage's key). A folder is reused only when its
+reference to an upstream stage is replaced by that stage's key; settings marked ``same_result``,
+which change how a stage runs and not what it produces, are left out). A folder is reused only when its
 ``manifest.json`` exists (written last) and records the same key; anything else is rebuilt.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import filelock
 
-from alignctl.config.core import ConfigErrors, build_config, merge_dicts, to_dict
+from alignctl.config.core import ConfigErrors, build_config, merge_dicts, result_dict
 from alignctl.errors import UserError
 from alignctl.pipeline.manifest import read_manifest
 from alignctl.pipeline.ownership import check_replaceable, is_empty_dir, is_owned, mark_owned, protected_reason
@@ -62,7 +63,7 @@ def stage_keys(spec: PipelineSpec) -> dict[str, str]:
             continue
         kind = STAGE_KINDS[stage.kind]
         content: dict[str, Any] = {"kind": stage.kind, "kind_version": kind.version, "cache_format": CACHE_FORMAT,
-                                   "config": to_dict(typed), "inputs": {up: keys[up] for up in stage.upstream}}
+                                   "config": result_dict(typed), "inputs": {up: keys[up] for up in stage.upstream}}
         if kind.sources is not None:
             content["sources"] = kind.sources(typed)
         payload = json.dumps(content, sort_keys=True, default=str)

@@ -80,6 +80,7 @@ class RLTrainer:
         self.on_policy = is_on_policy(cfg)
         self.rollout_version: int | None = None  # the actor update a rollout pool of its own generates with
         self.rollout_probe: list[int] | None = None
+        self.weight_channel_open = False  # rollout.weight_transport=collective: the channel was formed
         self.queue = RolloutQueue(cfg.trainer.async_rollout.max_staleness) if cfg.separate_rollout else None
         self.epoch = 0  # the loader's epoch once this step's prompts were drawn
         self.generated_lengths: list[int] = []  # of this step's training rollouts, filtered or not
@@ -180,18 +181,36 @@ class RLTrainer:
         return with_pool_metrics(self.workers.split("rollout", "generate_sequences", prompts), sync_s)
 
     def submit_rollout_weights(self, first_prompt: list[int]) -> list[tuple[str, str, list[Any]]]:
-        """A rollout pool of its own gets the actor's weights once per update (and after a resume):
-        rank 0's export goes to every rollout worker through Ray's object store, not via this process.
+        """A rollout pool of its own gets the actor's weights once per update (and after a resume),
+        from the actor's rank 0 straight to every rollout worker, never through this process: through
+        Ray's object store, or over the weight channel (``rollout.weight_transport=collective``).
         Non-blocking: returns the calls to wait for, (role, method, refs) each (none when the pool
         has these weights)."""
         if self.rollout_version == self.global_step:
             return []
         self.rollout_probe = self.rollout_probe or list(first_prompt)[:PROBE_TOKENS]
+        self.rollout_version = self.global_step
+        if self.cfg.actor_rollout_ref.rollout.weight_transport == "collective":
+            self.open_weight_channel()
+            sends = self.workers.broadcast_async("actor", "send_rollout_weights", self.rollout_probe)
+            loads = self.workers.broadcast_async("rollout", "receive_weights", self.global_step)
+            return [("rollout", "receive_weights", loads), ("actor", "send_rollout_weights", sends)]
         exported = self.workers.broadcast_async("actor", "export_rollout_weights", self.rollout_probe)
         loads = self.workers.broadcast_async("rollout", "load_weights", exported[0], self.global_step)
-        self.rollout_version = self.global_step
         # The other ranks return None: rank 0's export went to the pool.
         return [("rollout", "load_weights", loads), ("actor", "export_rollout_weights", exported[1:])]
+
+    def open_weight_channel(self) -> None:
+        """Once per run: the actor's rank 0 and the rollout workers form the weight channel."""
+        if self.weight_channel_open:
+            return
+        addr, port = self.workers.rank0("actor", "weight_channel_address")
+        size = 1 + self.cfg.world_size("rollout")
+        opens = [("actor", self.workers.broadcast_async("actor", "open_weight_channel", size)),
+                 ("rollout", self.workers.broadcast_async("rollout", "open_weight_channel", addr, port, size))]
+        for role, refs in opens:
+            self.workers.gather(role, "open_weight_channel", refs)
+        self.weight_channel_open = True
 
     def push_rollout_weights(self, first_prompt: list[int]) -> float:
         """``submit_rollout_weights`` and wait for it; the seconds it took (0 when nothing was sent)."""

@@ -117,7 +117,7 @@ class RolloutQueue:
         """Wait for ``item``'s generation (and the weight loads before it: a failed sync check raises)."""
         for role, method, refs in item.syncs:
             seconds = self.workers.gather(role, method, refs)
-            if method == "load_weights":
+            if role == "rollout":  # the pool's loads return their seconds; the actor's sends None
                 item.sync_s += max(seconds)
         item.syncs = []
         if item.refs is not None:

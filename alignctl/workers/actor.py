@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 import torch
 
 from alignctl.algos import agg_loss, get_policy_loss, kl_penalty
@@ -23,7 +24,8 @@ from alignctl.workers.model_setup import build_policy, resolve_packing_settings,
 from alignctl.workers.rollout_sync import RolloutSyncCheck
 from alignctl.workers.train_engine import TrainEngine
 from alignctl.workers.update_loop import run_update
-from alignctl.workers.worker_process import DistContext
+from alignctl.workers.weight_channel import WeightChannel
+from alignctl.workers.worker_process import DistContext, listening_socket
 
 
 class ActorRolloutRefWorker:
@@ -45,6 +47,7 @@ class ActorRolloutRefWorker:
             build_rollout_engine(arr.rollout, self.policy.rollout_setup(self.cfg)), self.cfg, self.tokenizer,
             self.policy.eos_ids)
         self.sync_check = RolloutSyncCheck(arr.rollout.verify_sync, arr.rollout.sync_check_tol)
+        self.weight_channel: WeightChannel | None = None  # rank 0, rollout.weight_transport=collective
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
@@ -78,6 +81,37 @@ class ActorRolloutRefWorker:
         if self.ctx.rank != 0:
             return None
         return {"weights": weights, "probe": list(probe), "probe_log_probs": probe_log_probs}
+
+    def weight_channel_address(self) -> tuple[str, int] | None:
+        """Rank 0 (``rollout.weight_transport=collective``): the address the rollout pool joins the
+        weight channel on; the socket stays open until ``open_weight_channel`` serves on it."""
+        if self.ctx.rank != 0:
+            return None
+        self._channel_listener = listening_socket(ray.util.get_node_ip_address())
+        return self._channel_listener.getsockname()[:2]
+
+    def open_weight_channel(self, size: int) -> None:
+        """Rank 0 joins the weight channel as its sender (blocks until the ``size - 1`` rollout workers
+        have joined); the other ranks have no part in it."""
+        if self.ctx.rank == 0:
+            addr, port = self._channel_listener.getsockname()[:2]
+            self.weight_channel = WeightChannel.open(addr, port, 0, size, self.ctx.device, self._channel_listener)
+
+    @torch.no_grad()
+    def send_rollout_weights(self, probe: list[int]) -> None:
+        """``export_rollout_weights`` over the weight channel: rank 0 broadcasts the tensors where they
+        are (on the GPU under NCCL) with the probe's log-probs in the header. Collective."""
+        weights = self.policy.rollout_weights()
+        with self.engine.gathered() as model:
+            probe_log_probs = module_probe_log_probs(model, probe)
+        if self.ctx.rank == 0:
+            self.weight_channel.send(weights, {"probe": list(probe), "probe_log_probs": probe_log_probs.tolist()})
+
+    def close(self) -> None:
+        """The process keeps running for the next run (parked workers): leave the weight channel."""
+        if self.weight_channel is not None:
+            self.weight_channel.close()
+            self.weight_channel = None
 
     def _sync_rollout_weights(self, first_prompt: list[int], step: int) -> None:
         """``hf`` generates with the training module itself: nothing to do. An engine with its own copy

@@ -47,7 +47,7 @@ WORKER_ENV = {"DS_ACCELERATOR_LOG_LEVEL": "error", "TRANSFORMERS_VERBOSITY": "er
 STORE_TIMEOUT = timedelta(minutes=30)
 
 
-def _listening_socket(ip: str) -> socket.socket:
+def listening_socket(ip: str) -> socket.socket:
     """A socket listening on ``ip`` only (never 0.0.0.0), on a port the kernel picks."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -76,7 +76,7 @@ class WorkerProcess:
         the TCP store: torch's own store would listen on every interface, and a port picked then
         closed could be taken by another process in between."""
         ip = ray.util.get_node_ip_address()
-        self._store_socket = _listening_socket(ip)
+        self._store_socket = listening_socket(ip)
         return ip, int(self._store_socket.getsockname()[1])
 
     def describe(self) -> dict[str, Any]:
@@ -158,6 +158,10 @@ class WorkerProcess:
         import gc
 
         self.shutdown()
+        for role in self.roles.values():
+            close = getattr(role, "close", None)
+            if close is not None:
+                close()
         self.roles.clear()
         self._spans = []
         gc.collect()
