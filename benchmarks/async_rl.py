@@ -16,7 +16,8 @@ synchronous step T s (both measured here at k = 0), a synchronous step costs G +
 overlapped one max(G, T), so async can gain at most (G + T) / max(G, T) on hardware where the two
 pools do not share cores (this machine's 2 cores are shared with everything else).
 
-    python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--settings uniform long_tail] [--json OUT]
+    python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--settings uniform long_tail]
+        [--set KEY=VALUE ...] [--json OUT]
 
 ``--workdirs DIR ...`` runs nothing: it reads finished quickstart pipeline workdirs in which the GRPO
 stage ran synchronously or with ``trainer.async_rollout.max_staleness`` (each grpo artifact with its
@@ -51,7 +52,7 @@ def make_assets(root: Path, smollm2: str | None, hidden: int, layers: int) -> di
 
 
 def overrides(assets: dict[str, Any], run_dir: Path, *, k: int, steps: int, response: int, batch: int,
-              n: int) -> list[str]:
+              n: int, extra: list[str]) -> list[str]:
     reward = [f"custom_reward_function.path={assets['reward']}"] if assets["reward"] else []
     return [f"data.train_files=[{assets['data'] / 'train.parquet'}]", f"actor_rollout_ref.model.path={assets['model']}",
             f"trainer.run_dir={run_dir}", f"data.train_batch_size={batch}", f"actor_rollout_ref.rollout.n={n}",
@@ -60,7 +61,7 @@ def overrides(assets: dict[str, Any], run_dir: Path, *, k: int, steps: int, resp
             "trainer.val_before_train=false", f"trainer.total_training_steps={steps}", "trainer.n_gpus_per_node=1",
             "trainer.pools.rollout_pool.workers_per_node=1", "trainer.placement.rollout=rollout_pool",
             f"trainer.async_rollout.max_staleness={k}", "monitor.baseline_prompts=0",
-            "trainer.stop_on_flat_reward=false", *reward]
+            "trainer.stop_on_flat_reward=false", *reward, *extra]
 
 
 def run_mode(assets: dict[str, Any], run_dir: Path, **kwargs: Any) -> list[dict[str, float]]:
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.add_argument("--settings", nargs="+", choices=("uniform", "long_tail"), default=["uniform", "long_tail"])
         parser.add_argument("--workdirs", nargs="+", default=None, metavar="DIR",
                             help="summarize finished quickstart workdirs (sync and async GRPO arms); run nothing")
+        parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                            help="more config overrides for every run (e.g. actor_rollout_ref.rollout.weight_transport=object_store)")
 
     args = parse_bench_args(__doc__.splitlines()[0], argv, extra)
     if args.workdirs:
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results[setting] = {}
             for k in STALENESS:
                 rows = run_mode(assets, Path(tmp) / f"{setting}-k{k}", k=k, steps=steps, response=response,
-                                batch=batch, n=n)
+                                batch=batch, n=n, extra=args.set)
                 results[setting][k] = summarize(rows)
             print_setting(f"{setting} (max_response_length {response})", results[setting])
     import ray
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     setup = {"command": " ".join(["python", *sys.argv]), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "model": args.smollm2 or f"tiny char Llama hidden={hidden} layers={layers} (random weights)",
              "batch": f"{batch} prompts x {n}", "steps_per_run": steps,
-             "placement": "actor: 1 CPU worker; rollout: its own pool, 1 CPU worker (hf engine)",
+             "placement": "actor: 1 CPU worker; rollout: its own pool, 1 CPU worker (hf engine)", "overrides": args.set,
              "settings": {name: {"max_response_length": settings[name], "by_staleness": {str(k): r for k, r in v.items()},
                                  "estimate": estimate(v[0])} for name, v in results.items()}}
     return report(f"async RL, {'long-tail' if 'long_tail' in results else 'uniform'} setting: k=1 vs synchronous "

@@ -1,6 +1,6 @@
 """The collective weight transport (alignctl/workers/weight_channel.py) in real processes: one sender
 and two receivers on a gloo group of their own, beside the default group every rank already has
-(as in the actor's and the rollout pool's workers)."""
+(as in the actor's and the rollout pool's workers), the second transfer sent from a thread."""
 
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ def _transfer_check(rank: int, world: int) -> str:
     channel = _open(rank, world)
     seen = []
     for version in (1, 2):
-        if rank == 0:
-            channel.send(_weights(version), {"probe": [3, 4, 5], "probe_log_probs": [-0.5, -1.25], "version": version})
+        if rank == 0:  # the second from a thread, as the asynchronous loop sends
+            send = channel.send if version == 1 else channel.send_in_background
+            send(_weights(version), {"probe": [3, 4, 5], "probe_log_probs": [-0.5, -1.25], "version": version})
             continue
         weights, header = channel.receive()
         expected = _weights(version)
@@ -54,6 +55,19 @@ def test_a_sender_reaches_every_receiver_with_exact_tensors_and_the_header(tmp_p
     assert results[0] == []
     for received in results[1:]:
         assert received == [{"probe": [3, 4, 5], "probe_log_probs": [-0.5, -1.25], "version": v} for v in (1, 2)]
+
+
+def test_a_failed_background_send_is_raised_in_the_callers_thread(monkeypatch) -> None:
+    channel = WeightChannel(store=None, group=None, rank=0, size=2, device="cpu")
+
+    def broken(weights, header):
+        raise RuntimeError("peer went away")
+
+    monkeypatch.setattr(channel, "_send", broken)
+    channel.send_in_background([], {})
+    with pytest.raises(RuntimeError, match="peer went away"):
+        channel.wait_sent()
+    channel.wait_sent()  # raised once, then clear
 
 
 def test_rank_zero_needs_its_listener() -> None:

@@ -100,12 +100,20 @@ class ActorRolloutRefWorker:
     @torch.no_grad()
     def send_rollout_weights(self, probe: list[int]) -> None:
         """``export_rollout_weights`` over the weight channel: rank 0 broadcasts the tensors where they
-        are (on the GPU under NCCL) with the probe's log-probs in the header. Collective."""
+        are (on the GPU under NCCL) with the probe's log-probs in the header; in asynchronous RL from
+        a thread, returning at once. Collective (every rank gathers)."""
         weights = self.policy.rollout_weights()
         with self.engine.gathered() as model:
             probe_log_probs = module_probe_log_probs(model, probe)
-        if self.ctx.rank == 0:
-            self.weight_channel.send(weights, {"probe": list(probe), "probe_log_probs": probe_log_probs.tolist()})
+        if self.ctx.rank != 0:
+            return
+        header = {"probe": list(probe), "probe_log_probs": probe_log_probs.tolist()}
+        if self.cfg.trainer.async_rollout.max_staleness == 0:
+            self.weight_channel.send(weights, header)  # the trainer waits for this sync anyway
+            return
+        # Asynchronous RL: the rollout workers may be busy with a queued batch. Send from a thread so
+        # the actor trains on meanwhile, from a copy the next optimizer step cannot change under it.
+        self.weight_channel.send_in_background([(name, t.detach().clone()) for name, t in weights], header)
 
     def close(self) -> None:
         """The process keeps running for the next run (parked workers): leave the weight channel."""

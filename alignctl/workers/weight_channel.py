@@ -9,14 +9,16 @@ process, and both pools already have theirs).
 The small part of each sync travels through that store as JSON (never pickle: the store listens on
 the node's address): the names, shapes and dtypes of the tensors and the trainer's log-probs of the
 probe sequence. Then every tensor is broadcast in that order into buffers the receivers allocate.
-A broadcast blocks the sender until every receiver has joined it, so the actor waits for rollout
-workers still busy with a queued generation (asynchronous RL) before it trains on.
+A broadcast blocks the sender until every receiver has joined it. In asynchronous RL the rollout
+workers may still be generating a queued batch, so the actor sends a copy of its weights from a
+thread (``send_in_background``) and trains on meanwhile.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -24,7 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-CHANNEL_TIMEOUT = timedelta(minutes=30)  # a receiver may be busy with a long generation
+JOIN_TIMEOUT = timedelta(minutes=5)  # every worker is up when the channel forms: joining takes seconds
+CHANNEL_TIMEOUT = timedelta(minutes=30)  # a receiver may wait out a long update, a sender a long generation
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -40,6 +43,8 @@ class WeightChannel:
     def __init__(self, store: Any, group: Any, rank: int, size: int, device: str) -> None:
         self.store, self.group, self.rank, self.size, self.device = store, group, rank, size, device
         self.transfers = 0  # syncs so far: the store's keys are numbered by it on both ends
+        self._sender: threading.Thread | None = None
+        self._send_error: BaseException | None = None
 
     @classmethod
     def open(cls, addr: str, port: int, rank: int, size: int, device: str,
@@ -50,9 +55,10 @@ class WeightChannel:
             if listener is None:
                 raise ValueError("weight channel: rank 0 needs its listening socket")
             store = dist.TCPStore(addr, port, size, is_master=True, master_listen_fd=listener.detach(),
-                                  timeout=CHANNEL_TIMEOUT)
+                                  timeout=JOIN_TIMEOUT)
         else:
-            store = dist.TCPStore(addr, port, size, is_master=False, timeout=CHANNEL_TIMEOUT)
+            store = dist.TCPStore(addr, port, size, is_master=False, timeout=JOIN_TIMEOUT)
+        store.set_timeout(CHANNEL_TIMEOUT)
         prefixed = dist.PrefixStore("weights_group", store)
         if device == "cuda":
             group = dist.ProcessGroupNCCL(prefixed, rank, size)
@@ -62,21 +68,48 @@ class WeightChannel:
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], header: dict[str, Any]) -> None:
         """Rank 0: ``header`` (JSON-able) and the tensors, in order, to every receiver."""
+        self.wait_sent()
+        self._send(weights, header)
+
+    def send_in_background(self, weights: list[tuple[str, torch.Tensor]], header: dict[str, Any]) -> None:
+        """``send`` from a thread, returning at once: the caller goes on while the receivers finish
+        what they are doing. ``weights`` must not change until it is sent (pass a copy). An error
+        of the sending thread is raised by the next send, ``wait_sent`` or ``close``."""
+        self.wait_sent()
+        self._sender = threading.Thread(target=self._send_catching, args=(weights, header), daemon=True,
+                                        name="weight-channel-send")
+        self._sender.start()
+
+    def wait_sent(self) -> None:
+        """Until the background send (if any) has ended; its error, if it failed."""
+        if self._sender is not None:
+            self._sender.join()
+            self._sender = None
+        error, self._send_error = self._send_error, None
+        if error is not None:
+            raise error
+
+    def _send_catching(self, weights: list[tuple[str, torch.Tensor]], header: dict[str, Any]) -> None:
+        try:
+            self._send(weights, header)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread by wait_sent
+            self._send_error = exc
+
+    def _send(self, weights: Iterable[tuple[str, torch.Tensor]], header: dict[str, Any]) -> None:
         tensors = [(name, tensor.detach().contiguous()) for name, tensor in weights]
         manifest = [[name, list(t.shape), str(t.dtype)] for name, t in tensors]
         self.store.set(self._key(), json.dumps({"manifest": manifest, **header}))
         for _, tensor in tensors:
-            self._broadcast(tensor if self.device == "cuda" else tensor.cpu())
+            self._broadcast(tensor.to(self._tensor_device))  # no copy where it already is
         self.transfers += 1
 
     def receive(self) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Any]]:
         """Ranks 1..n: the weights rank 0 sends next (waits for them) and the header sent with them."""
         key = self._key()
         header = json.loads(self.store.get(key))
-        device = "cuda" if self.device == "cuda" else "cpu"
         weights = []
         for name, shape, dtype in header.pop("manifest"):
-            tensor = torch.empty(shape, dtype=_dtype(dtype), device=device)
+            tensor = torch.empty(shape, dtype=_dtype(dtype), device=self._tensor_device)
             self._broadcast(tensor)
             weights.append((name, tensor))
         self.transfers += 1
@@ -85,10 +118,17 @@ class WeightChannel:
         return weights, header
 
     def close(self) -> None:
+        self.wait_sent()
         shutdown = getattr(self.group, "shutdown", None)
         if shutdown is not None:
             shutdown()
         self.group = self.store = None
+
+    @property
+    def _tensor_device(self) -> str:
+        """Where the group's tensors live: NCCL moves GPU memory (an offloaded actor's CPU weights
+        are copied up first), gloo host memory."""
+        return "cuda" if self.device == "cuda" else "cpu"
 
     def _key(self) -> str:
         return f"sync/{self.transfers}"
