@@ -16,8 +16,10 @@ synchronous step T s (both measured here at k = 0), a synchronous step costs G +
 overlapped one max(G, T), so async can gain at most (G + T) / max(G, T) on hardware where the two
 pools do not share cores (this machine's 2 cores are shared with everything else).
 
+``--transports`` runs every k once per ``rollout.weight_transport`` (default: collective only).
+
     python benchmarks/async_rl.py [--quick] [--steps N] [--smollm2 DIR] [--settings uniform long_tail]
-        [--set KEY=VALUE ...] [--json OUT]
+        [--transports collective object_store] [--set KEY=VALUE ...] [--json OUT]
 
 ``--workdirs DIR ...`` runs nothing: it reads finished quickstart pipeline workdirs in which the GRPO
 stage ran synchronously or with ``trainer.async_rollout.max_staleness`` (each grpo artifact with its
@@ -28,6 +30,7 @@ stage's wall time and the mean generated against trained response length, then m
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import statistics
 import sys
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.add_argument("--settings", nargs="+", choices=("uniform", "long_tail"), default=["uniform", "long_tail"])
         parser.add_argument("--workdirs", nargs="+", default=None, metavar="DIR",
                             help="summarize finished quickstart workdirs (sync and async GRPO arms); run nothing")
+        parser.add_argument("--transports", nargs="+", choices=("collective", "object_store"), default=["collective"],
+                            help="rollout.weight_transport values to run, each with every k")
         parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                             help="more config overrides for every run (e.g. actor_rollout_ref.rollout.weight_transport=object_store)")
 
@@ -183,22 +188,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, dict[int, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         assets = make_assets(Path(tmp), args.smollm2, hidden, layers)
-        for setting, response in settings.items():
-            results[setting] = {}
+        for (setting, response), transport in itertools.product(settings.items(), args.transports):
+            name = setting if len(args.transports) == 1 else f"{setting}, {transport}"
+            results[name] = {}
             for k in STALENESS:
-                rows = run_mode(assets, Path(tmp) / f"{setting}-k{k}", k=k, steps=steps, response=response,
-                                batch=batch, n=n, extra=args.set)
-                results[setting][k] = summarize(rows)
-            print_setting(f"{setting} (max_response_length {response})", results[setting])
+                rows = run_mode(assets, Path(tmp) / f"{setting}-{transport}-k{k}", k=k, steps=steps,
+                                response=response, batch=batch, n=n,
+                                extra=[f"actor_rollout_ref.rollout.weight_transport={transport}", *args.set])
+                results[name][k] = summarize(rows)
+            print_setting(f"{name} (max_response_length {response})", results[name])
     import ray
 
     ray.shutdown()
-    headline = results.get("long_tail") or results["uniform"]
+    headline = next(v for name, v in results.items() if name.startswith("long_tail")) if any(
+        name.startswith("long_tail") for name in results) else next(iter(results.values()))
     setup = {"command": " ".join(["python", *sys.argv]), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "model": args.smollm2 or f"tiny char Llama hidden={hidden} layers={layers} (random weights)",
              "batch": f"{batch} prompts x {n}", "steps_per_run": steps,
              "placement": "actor: 1 CPU worker; rollout: its own pool, 1 CPU worker (hf engine)", "overrides": args.set,
-             "settings": {name: {"max_response_length": settings[name], "by_staleness": {str(k): r for k, r in v.items()},
+             "settings": {name: {"max_response_length": settings[name.split(",")[0]], "by_staleness": {str(k): r for k, r in v.items()},
                                  "estimate": estimate(v[0])} for name, v in results.items()}}
     return report(f"async RL, {'long-tail' if 'long_tail' in results else 'uniform'} setting: k=1 vs synchronous "
                   "(k=0)", headline[1]["steps_per_s"], headline[0]["steps_per_s"], "steps/s", setup, higher_is_better=True, json_path=args.json)
