@@ -88,6 +88,7 @@ def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
             "gen_s_median": statistics.median(r["timing_s/wait_rollout"] for r in steady),
             "rest_s_median": statistics.median(r["timing_s/step"] - r["timing_s/wait_rollout"] for r in steady),
             "staleness_mean": statistics.fmean(r["rollout/staleness/mean"] for r in steady),
+            "weight_sync_s_median": statistics.median(r.get("timing_s/rollout_weight_sync", 0.0) for r in steady),
             "staleness_max": max(r["rollout/staleness/max"] for r in rows),
             "generated_length_mean": statistics.fmean(r["rollout/generated_length/mean"] for r in rows),
             "trained_length_mean": statistics.fmean(r["rollout/trained_length/mean"] for r in rows),

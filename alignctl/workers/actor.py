@@ -4,6 +4,7 @@ very same module (no weight copy for the ``hf`` engine) and holds the frozen ref
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import ray
@@ -48,6 +49,7 @@ class ActorRolloutRefWorker:
             self.policy.eos_ids)
         self.sync_check = RolloutSyncCheck(arr.rollout.verify_sync, arr.rollout.sync_check_tol)
         self.weight_channel: WeightChannel | None = None  # rank 0, rollout.weight_transport=collective
+        self._channel_listener: socket.socket | None = None  # rank 0, until the channel serves on it
         self.plan = MicroBatchPlan(arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.use_dynamic_bsz,
                                    arr.actor.ppo_max_token_len_per_gpu)
         self.shuffle_gen = torch.Generator().manual_seed(self.cfg.trainer.seed + ctx.rank)
@@ -93,9 +95,10 @@ class ActorRolloutRefWorker:
     def open_weight_channel(self, size: int) -> None:
         """Rank 0 joins the weight channel as its sender (blocks until the ``size - 1`` rollout workers
         have joined); the other ranks have no part in it."""
-        if self.ctx.rank == 0:
+        if self.ctx.rank == 0 and self._channel_listener is not None:
             addr, port = self._channel_listener.getsockname()[:2]
             self.weight_channel = WeightChannel.open(addr, port, 0, size, self.ctx.device, self._channel_listener)
+            self._channel_listener = None  # the store owns its descriptor now
 
     @torch.no_grad()
     def send_rollout_weights(self, probe: list[int]) -> None:
