@@ -1,8 +1,8 @@
 """``actor_rollout_ref.rollout.weight_transport=collective`` in the RL loop, real Ray workers, the tiny
 model and the hf engine on a rollout pool of its own: the weights reach every rollout worker over
 the weight channel (the probe check passes after every update), the run equals the object-store
-run of the same seed, FSDP2 shards and two receivers work, the asynchronous loop runs on it; the
-setting stays out of the pipeline cache key (both transports produce the same artifact)."""
+run of the same seed, synchronous (FSDP2 shards, two receivers) and asynchronous; so the setting
+stays out of the pipeline cache key (both transports produce the same artifact)."""
 
 from __future__ import annotations
 
@@ -49,14 +49,16 @@ def test_the_channel_gives_the_object_store_run_to_two_rollout_workers(assets, t
     assert all(r["timing_s/rollout_weight_sync"] > 0 for r in channel[1:])
 
 
-def test_the_asynchronous_loop_runs_on_the_channel(assets, tmp_path):
-    """k = 1: the actor's send waits for a rollout worker busy with a queued generation; the bound
-    holds and the run ends."""
-    run = tmp_path / "k1"
-    create_trainer(rl_config(assets, run, "trainer.total_training_steps=4", "algorithm.adv_estimator=grpo",
-                             *pool(1), COLLECTIVE, "trainer.async_rollout.max_staleness=1")).fit()
-    rows = read_metrics(run)
+def test_the_asynchronous_loop_on_the_channel_is_the_object_store_run(assets, tmp_path):
+    """k = 1: the actor sends from a thread while the rollout worker may still be generating; the
+    same seed gives the object-store run's metrics, the bound holds and is reached."""
+    common = ["trainer.total_training_steps=4", "algorithm.adv_estimator=grpo", *pool(1),
+              "trainer.async_rollout.max_staleness=1"]
+    create_trainer(rl_config(assets, tmp_path / "store", *common, OBJECT_STORE)).fit()
+    create_trainer(rl_config(assets, tmp_path / "channel", *common, COLLECTIVE)).fit()
+    rows = read_metrics(tmp_path / "channel")
     assert len(rows) == 4
+    assert _deterministic(rows) == _deterministic(read_metrics(tmp_path / "store"))
     assert all(r["rollout/staleness/max"] <= 1 for r in rows)
     assert max(r["rollout/staleness/max"] for r in rows) == 1
 
