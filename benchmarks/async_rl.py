@@ -201,8 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
 
     ray.shutdown()
-    headline = next(v for name, v in results.items() if name.startswith("long_tail")) if any(
-        name.startswith("long_tail") for name in results) else next(iter(results.values()))
+    headline = next((v for name, v in results.items() if name.startswith("long_tail")), next(iter(results.values())))
     setup = {"command": " ".join(["python", *sys.argv]), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "model": args.smollm2 or f"tiny char Llama hidden={hidden} layers={layers} (random weights)",
              "batch": f"{batch} prompts x {n}", "steps_per_run": steps,

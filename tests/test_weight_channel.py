@@ -58,7 +58,7 @@ def test_a_sender_reaches_every_receiver_with_exact_tensors_and_the_header(tmp_p
 
 
 def test_a_failed_background_send_is_raised_in_the_callers_thread(monkeypatch) -> None:
-    channel = WeightChannel(store=None, group=None, rank=0, size=2, device="cpu")
+    channel = WeightChannel(store=None, group=None, rank=0, device="cpu")
 
     def broken(weights, header):
         raise RuntimeError("peer went away")

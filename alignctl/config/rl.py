@@ -236,8 +236,8 @@ class RolloutConfig:
                                   "actor's rank 0 over a process group of their own (gloo on CPU, NCCL on GPU, "
                                   "no copy through host memory; in asynchronous RL sent from a thread, from a "
                                   "copy of the weights, while the actor trains on). object_store: rank 0's "
-                                  "export through Ray's object store. Both give the same weights.", choices=("collective", "object_store"),
-                                  same_result=True)
+                                  "export through Ray's object store. Both give the same weights.",
+                                  choices=("collective", "object_store"), same_result=True)
     free_cache_engine: bool = field(True, help="Free the rollout's memory after every generation: hf drops its KV "
                                                "cache and, on CUDA, returns the cached blocks to the driver "
                                                "(torch.cuda.empty_cache); vllm sleeps (weights to CPU, KV cache "

@@ -77,12 +77,18 @@ class ActorRolloutRefWorker:
         """For a rollout pool of its own: the policy's complete weights (merged under LoRA) and the
         trainer's log-probs of ``probe``, which the rollout workers check their engine against.
         Collective; rank 0 returns them, the others None."""
-        weights = [(name, t.cpu()) for name, t in self.policy.rollout_weights()]  # through Ray's object store
-        with self.engine.gathered() as model:
-            probe_log_probs = module_probe_log_probs(model, probe)
+        weights, probe_log_probs = self._rollout_payload(probe)
         if self.ctx.rank != 0:
             return None
-        return {"weights": weights, "probe": list(probe), "probe_log_probs": probe_log_probs}
+        return {"weights": [(name, t.cpu()) for name, t in weights],  # through Ray's object store
+                "probe": list(probe), "probe_log_probs": probe_log_probs}
+
+    def _rollout_payload(self, probe: list[int]) -> tuple[list[tuple[str, torch.Tensor]], torch.Tensor]:
+        """What a rollout pool of its own receives, whatever the transport: the complete weights and
+        the trainer's log-probs of ``probe``. Collective (every rank gathers)."""
+        weights = self.policy.rollout_weights()
+        with self.engine.gathered() as model:
+            return weights, module_probe_log_probs(model, probe)
 
     def weight_channel_address(self) -> tuple[str, int] | None:
         """Rank 0 (``rollout.weight_transport=collective``): the address the rollout pool joins the
@@ -105,9 +111,7 @@ class ActorRolloutRefWorker:
         """``export_rollout_weights`` over the weight channel: rank 0 broadcasts the tensors where they
         are (on the GPU under NCCL) with the probe's log-probs in the header; in asynchronous RL from
         a thread, returning at once. Collective (every rank gathers)."""
-        weights = self.policy.rollout_weights()
-        with self.engine.gathered() as model:
-            probe_log_probs = module_probe_log_probs(model, probe)
+        weights, probe_log_probs = self._rollout_payload(probe)
         if self.ctx.rank != 0:
             return
         header = {"probe": list(probe), "probe_log_probs": probe_log_probs.tolist()}

@@ -40,8 +40,8 @@ def _dtype(name: str) -> torch.dtype:
 class WeightChannel:
     """One end of the group: rank 0 ``send``s, the other ranks ``receive`` the same sequence."""
 
-    def __init__(self, store: Any, group: Any, rank: int, size: int, device: str) -> None:
-        self.store, self.group, self.rank, self.size, self.device = store, group, rank, size, device
+    def __init__(self, store: Any, group: Any, rank: int, device: str) -> None:
+        self.store, self.group, self.rank, self.device = store, group, rank, device
         self.transfers = 0  # syncs so far: the store's keys are numbered by it on both ends
         self._sender: threading.Thread | None = None
         self._send_error: BaseException | None = None
@@ -64,7 +64,7 @@ class WeightChannel:
             group = dist.ProcessGroupNCCL(prefixed, rank, size)
         else:
             group = dist.ProcessGroupGloo(prefixed, rank, size, CHANNEL_TIMEOUT)
-        return cls(store, group, rank, size, device)
+        return cls(store, group, rank, device)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], header: dict[str, Any]) -> None:
         """Rank 0: ``header`` (JSON-able) and the tensors, in order, to every receiver."""
